@@ -1,0 +1,1 @@
+"""codec_tosa: non-local codec placement for ExecuTorch TOSA delegates."""
