@@ -1,2 +1,128 @@
-def main() -> int:
+"""The `codec-tosa` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+from codec_tosa.commutation.policy import DEFAULT_ORDER
+from codec_tosa.placement.domains import PLACEMENTS
+
+DEFAULT_MODEL = "tiny_shufflenet"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in header]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(c: object) -> str:
+    return f"{c:.4g}" if isinstance(c, float) else str(c)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from codec_tosa.analysis import analyze, port_graph
+    from codec_tosa.commutation.table import CommutationTable
+    from codec_tosa.loading import load_and_export
+
+    table = CommutationTable.from_json(args.table) if args.table else CommutationTable.default()
+    policies = [args.policy] if args.policy else list(table.order.letters)
+    placements = [args.placement] if args.placement else list(PLACEMENTS)
+    for p in policies:
+        table.order.rank(p)
+    loaded = load_and_export(args.model)
+    graph = port_graph(loaded.program)  # one export and one port view for every variant
+    results = [analyze(graph, p, pl, args.fused_transcode, table=table)
+               for p in policies for pl in placements]
+    print(f"model {args.model}: {graph.num_ops} operators, {graph.num_values} values")
+    rows = [(a.policy, a.placement, a.storage_mib, a.traffic_mib, a.lower_bound_mib,
+             a.codec_items_m, len(a.domains), a.codec_counts()["encode"],
+             a.codec_counts()["decode"], a.codec_counts()["transcode"]) for a in results]
+    print(_table(["policy", "placement", "storage MiB", "traffic MiB", "lower bound MiB",
+                  "codec items M", "domains", "enc", "dec", "trans"], rows))
+    if len(results) == 1 or args.top:
+        a = results[-1]
+        print(f"\ntop {args.top or 10} operators by traffic ({a.policy}, {a.placement}):")
+        print(_table(["node", "target", "read MiB", "written MiB"],
+                     [(r.node, r.target, r.bytes_read / 2**20, r.bytes_written / 2**20)
+                      for r in a.top_ops(args.top or 10)]))
+    if args.json:
+        import json
+
+        payload = [json.loads(a.to_json()) for a in results]
+        _write_atomic(Path(args.json), json.dumps({"model": args.model, "analyses": payload}, indent=1))
+        print(f"wrote {args.json}")
     return 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print(f"== codec-tosa analyze {DEFAULT_MODEL} (every policy and placement)")
+    ns = argparse.Namespace(model=DEFAULT_MODEL, policy=None, placement=None, fused_transcode=False,
+                            json=None, table=None, top=10)
+    return cmd_analyze(ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="codec-tosa", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="place codecs and report storage/traffic/codec items")
+    p.add_argument("model", help="built-in model name or path/to/file.py:function")
+    p.add_argument("--policy", choices=DEFAULT_ORDER, help="default: every policy")
+    p.add_argument("--placement", choices=PLACEMENTS, help="default: every placement")
+    p.add_argument("--fused-transcode", action="store_true",
+                   help="count a transcode as one int8->int8 RESCALE")
+    p.add_argument("--table", help="a user commutation table (JSON)")
+    p.add_argument("--top", type=int, default=0, help="print the N operators with most traffic")
+    p.add_argument("--json", help="write the full analyses to this JSON file")
+    p.set_defaults(func=cmd_analyze)
+
+    d = sub.add_parser("demo", help="run the main job on the built-in default model")
+    d.set_defaults(func=cmd_demo)
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands defined next to the code they drive."""
+    regs: list[Callable[[argparse._SubParsersAction], None]] = []
+    try:
+        from codec_tosa.tables import add_tables_parser
+    except ImportError:
+        pass
+    else:
+        regs.append(add_tables_parser)
+    return regs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ValueError, FileNotFoundError) as e:
+        print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""The commutation table (data) and the policies that select its variants."""
+
+from codec_tosa.commutation.policy import DEFAULT_ORDER, PolicyOrder
+from codec_tosa.commutation.table import CommutationTable, Row, operator_ports
+
+__all__ = ["DEFAULT_ORDER", "PolicyOrder", "CommutationTable", "Row", "operator_ports"]

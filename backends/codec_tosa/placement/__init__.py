@@ -1,0 +1,43 @@
+"""Codec placement: semantics, domains, dominators, coalescence, and the codec plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codec_tosa.commutation.table import CommutationTable
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement.domains import COALESCE, LOCAL, NONLOCAL, PLACEMENTS, build_domains, check_placement
+from codec_tosa.placement.dominators import DominatorError, verify_dominators
+from codec_tosa.placement.plan import Codec, Domain, Plan, make_plan
+from codec_tosa.placement.semantics import Semantics, resolve
+
+__all__ = [
+    "COALESCE", "LOCAL", "NONLOCAL", "PLACEMENTS", "Codec", "Domain", "DominatorError",
+    "Placement", "Plan", "Semantics", "place",
+]
+
+
+@dataclass
+class Placement:
+    semantics: Semantics
+    plan: Plan
+    placement: str
+
+
+def place(
+    graph: PortGraph,
+    table: CommutationTable,
+    policy: str,
+    placement: str = COALESCE,
+    verify: bool = False,
+    labels: bool = True,
+    fused_transcode: bool = False,
+) -> Placement:
+    """Run the placement algorithm; `verify` also runs the independent dominator check."""
+    check_placement(placement)
+    sem = resolve(graph, table, policy)
+    sets = build_domains(graph, sem, placement)
+    plan = make_plan(graph, sem, sets, labels=labels, fused_transcode=fused_transcode)
+    if verify:
+        verify_dominators(graph, sem, plan, local=placement == LOCAL)
+    return Placement(sem, plan, placement)

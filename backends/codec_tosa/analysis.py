@@ -1,0 +1,140 @@
+"""`analyze`: placement plus traffic model on an exported program or FX graph."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from codec_tosa.commutation.table import CommutationTable, warn_missing
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement import COALESCE, Codec, Domain, Placement, place
+from codec_tosa.traffic import MIB, OpTraffic, Traffic, measure
+
+
+@dataclass
+class Analysis:
+    """Figures for one model, policy and placement (MiB and millions of elements)."""
+
+    policy: str
+    placement: str
+    fused_transcode: bool
+    graph: PortGraph
+    result: Placement
+    traffic: Traffic
+
+    @property
+    def storage_mib(self) -> float:
+        return self.traffic.storage_bytes / MIB
+
+    @property
+    def codec_params_mib(self) -> float:
+        return self.traffic.codec_params_bytes / MIB
+
+    @property
+    def traffic_mib(self) -> float:
+        return self.traffic.traffic_bytes / MIB
+
+    @property
+    def lower_bound_mib(self) -> float:
+        return self.traffic.lower_bound_bytes / MIB
+
+    @property
+    def codec_items_m(self) -> float:
+        return self.traffic.codec_items / 1e6
+
+    @property
+    def domains(self) -> list[Domain]:
+        return self.result.plan.domains
+
+    @property
+    def codecs(self) -> list[Codec]:
+        return self.result.plan.codecs
+
+    @property
+    def per_op(self) -> list[OpTraffic]:
+        return self.traffic.per_op
+
+    def codec_counts(self) -> dict[str, int]:
+        counts = {"encode": 0, "decode": 0, "transcode": 0}
+        for c in self.codecs:
+            counts[c.kind] += 1
+        return counts
+
+    def top_ops(self, n: int = 10) -> list[OpTraffic]:
+        return sorted(self.per_op, key=lambda r: (-r.total, r.node))[:n]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "placement": self.placement,
+            "fused_transcode": self.fused_transcode,
+            "storage_mib": self.storage_mib,
+            "codec_params_mib": self.codec_params_mib,
+            "traffic_mib": self.traffic_mib,
+            "lower_bound_mib": self.lower_bound_mib,
+            "codec_items_m": self.codec_items_m,
+            "domains": len(self.domains),
+            "codecs": self.codec_counts(),
+        }
+
+    def to_json(self) -> str:
+        d = self.summary()
+        d["domain_list"] = [
+            {"id": dm.id, "dominator": dm.dominator, "ports": dm.ports} for dm in self.domains
+        ]
+        d["codec_list"] = [c.to_json() for c in self.codecs]
+        d["per_op"] = [
+            {"node": r.node, "target": r.target, "bytes_read": r.bytes_read,
+             "bytes_written": r.bytes_written}
+            for r in self.per_op
+        ]
+        return json.dumps(d, indent=1)
+
+
+def port_graph(program: ExportedProgram | torch.fx.GraphModule) -> PortGraph:
+    """The port view of a program; an ExportedProgram not yet in edge dialect is
+    decomposed to core ATen first."""
+    if isinstance(program, ExportedProgram):
+        if not _is_edge(program.graph_module):
+            program = program.run_decompositions()
+        sig = program.graph_signature
+        consts = [*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants]
+        return PortGraph.from_fx(program.graph_module, consts)
+    if isinstance(program, torch.fx.GraphModule):
+        return PortGraph.from_fx(program)
+    raise TypeError(f"analyze: expected an ExportedProgram or a GraphModule, got {type(program).__name__}")
+
+
+def _is_edge(gm: torch.fx.GraphModule) -> bool:
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+    return any(isinstance(n.target, EdgeOpOverload) for n in gm.graph.nodes)
+
+
+def analyze(
+    program: ExportedProgram | torch.fx.GraphModule | PortGraph,
+    policy: str = "W",
+    placement: str = COALESCE,
+    fused_transcode: bool = False,
+    table: CommutationTable | None = None,
+    verify: bool = False,
+) -> Analysis:
+    """Place codecs and measure storage, traffic and codec items.
+
+    `verify=True` also runs the independent absolute-dominator check.
+    """
+    graph = program if isinstance(program, PortGraph) else port_graph(program)
+    table = table or CommutationTable.default()
+    result = place(graph, table, policy, placement, verify=verify, fused_transcode=fused_transcode)
+    if result.semantics.missing:
+        warn_missing(result.semantics.missing)
+    return Analysis(policy, placement, fused_transcode, graph, result,
+                    measure(graph, result.semantics, result.plan, fused_transcode))
+
+
+__all__ = ["Analysis", "analyze", "port_graph"]

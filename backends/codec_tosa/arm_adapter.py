@@ -1,0 +1,230 @@
+"""The one module that touches executorch's Arm-private APIs.
+
+executorch 1.5.1 is pinned; everything private that codec_tosa reuses from
+`executorch.backends.arm` is reached through the functions here, so an
+upgrade has one place to change and one golden test
+(tests/test_golden.py) to tell whether it still matches stock Arm output.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterable, Iterator
+
+import tosa_serializer as ts
+from executorch.backends.arm.tosa.backend import TOSABackend
+from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from torch.export import ExportedProgram
+
+SerializerFactory = Callable[..., ts.TosaSerializer]
+
+
+def tosa_compile_spec(tosa_spec: str) -> TosaCompileSpec:
+    """Arm's compile spec for a TOSA spec string such as ``TOSA-1.0+INT+FP``."""
+    return TosaCompileSpec(tosa_spec)
+
+
+def compile_spec_from_list(compile_specs: Iterable[CompileSpec]) -> TosaCompileSpec:
+    """Parse a delegate's compile-spec list; unknown (codec_tosa) keys are ignored by Arm."""
+    return TosaCompileSpec._from_list(list(compile_specs))
+
+
+def new_serializer(
+    compile_spec: TosaCompileSpec, factory: SerializerFactory = ts.TosaSerializer
+) -> ts.TosaSerializer:
+    """A serializer set up exactly as `TOSABackend._preprocess` sets up its own."""
+    version = compile_spec.tosa_spec.version
+    serializer = factory(
+        "",
+        targetMajor=version.major,
+        targetMinor=version.minor,
+        targetPatch=version.micro,
+        targetDraft=version.minor > 0,
+    )
+    if compile_spec.tosa_dev_mode:
+        serializer.setExperimentalDevVersion()
+    return serializer
+
+
+def lower_into(
+    edge_program: ExportedProgram,
+    compile_spec: TosaCompileSpec,
+    serializer: ts.TosaSerializer,
+    *,
+    dedup_const_shapes: bool | None = None,
+) -> bytes:
+    """Run Arm's pass pipeline and node visitors into `serializer`; return the flatbuffer.
+
+    Graph-owned constants (Arm's `process_node._add_const` and the CONST_SHAPE
+    visitor) are added inside the serializer's `graph_owned_constants()`
+    context when it has one (`PooledTosaSerializer`), so only helper constants
+    are pooled. `dedup_const_shapes` merges identical static CONST_SHAPE FX
+    nodes after Arm's pass pipeline (in every control-flow submodule too);
+    None means "when the serializer pools", so a plain serializer still gives
+    stock bytes.
+    """
+    if dedup_const_shapes is None:
+        dedup_const_shapes = hasattr(serializer, "graph_owned_constants")
+    with ExitStack() as patches:
+        patches.enter_context(_graph_owned_constants_marked())
+        if dedup_const_shapes:
+            patches.enter_context(_const_shape_dedup_after_arm_passes(serializer))
+        TOSABackend._preprocess_module(
+            edge_program.graph_module, edge_program, compile_spec, serializer, None
+        )
+    return bytes(serializer.serialize())
+
+
+def _graph_owned(tosa_graph: Any) -> ContextManager[None]:
+    marker = getattr(tosa_graph, "graph_owned_constants", None)
+    return marker() if marker is not None else nullcontext()
+
+
+@contextmanager
+def _patched(owner: Any, attribute: str, replacement: Any) -> Iterator[None]:
+    original = owner.__dict__[attribute]
+    setattr(owner, attribute, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
+
+
+@contextmanager
+def _graph_owned_constants_marked() -> Iterator[None]:
+    """Mark Arm's graph-owned constant call sites for the duration of a lowering.
+
+    In executorch 1.5.1 these are `process_node._add_const` (parameters,
+    buffers, lifted constants, lookup tables, packed FP4, which is patched by
+    name right after it is added) and the CONST_SHAPE visitor (its output is
+    referred to by FX name). Both are looked up at call time (a module global
+    and a class attribute), so wrapping them here is enough; no frames are
+    inspected.
+    """
+    from executorch.backends.arm import process_node
+    from executorch.backends.arm.operators.op_tosa_shapes import TosaConstShapeVisitor
+
+    add_const = process_node._add_const
+    define_const_shape = TosaConstShapeVisitor.define_node
+
+    def owned_add_const(tosa_graph: Any, *args: Any, **kwargs: Any) -> None:
+        with _graph_owned(tosa_graph):
+            return add_const(tosa_graph, *args, **kwargs)
+
+    def owned_const_shape(self: Any, node: Any, tosa_graph: Any, *args: Any, **kwargs: Any) -> None:
+        with _graph_owned(tosa_graph):
+            return define_const_shape(self, node, tosa_graph, *args, **kwargs)
+
+    with _patched(process_node, "_add_const", owned_add_const), _patched(
+        TosaConstShapeVisitor, "define_node", owned_const_shape
+    ):
+        yield
+
+
+@contextmanager
+def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
+    """Run the CONST_SHAPE dedup on the output of Arm's backend pass pipeline.
+
+    `_preprocess_module` runs `transform_to_backend_pipeline` once per graph
+    (main graph and each control-flow submodule) right before visiting nodes,
+    so that is where identical CONST_SHAPE nodes are final.
+    """
+    from executorch.backends.arm._passes import ArmPassManager
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from codec_tosa.serialization.const_shape_dedup import dedup_const_shapes
+
+    target = exir_ops.backend.tosa.CONST_SHAPE.default
+    pipeline = ArmPassManager.transform_to_backend_pipeline
+
+    def pipeline_then_dedup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        graph_module = pipeline(self, *args, **kwargs)
+        started = time.perf_counter()
+        removed = dedup_const_shapes(graph_module, target)
+        stats = getattr(serializer, "stats", None)
+        if stats is not None and hasattr(stats, "const_shapes_deduplicated"):
+            stats.const_shapes_deduplicated += removed
+            stats.seconds += time.perf_counter() - started
+        return graph_module
+
+    with _patched(ArmPassManager, "transform_to_backend_pipeline", pipeline_then_dedup):
+        yield
+
+
+def stock_preprocess(edge_program: ExportedProgram, compile_spec: TosaCompileSpec) -> bytes:
+    """Stock `TOSABackend` output for the same program (the golden reference)."""
+    return bytes(TOSABackend._preprocess(edge_program, compile_spec).processed_bytes)
+
+
+def arm_compile_spec_entries(compile_spec: TosaCompileSpec) -> list[CompileSpec]:
+    """The compile-spec list Arm itself would put in a delegate."""
+    return list(compile_spec._to_list())
+
+
+def stock_partitioner(compile_spec: TosaCompileSpec, **kwargs: Any):
+    """Arm's own TOSA partitioner (used for operator support and the stock baseline)."""
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+
+    return TOSAPartitioner(compile_spec, **kwargs)
+
+
+@dataclass(frozen=True)
+class StockPartition:
+    """One delegate as stock Arm lowers it."""
+
+    program: ExportedProgram  # copy of what TOSABackend received (lower a further copy)
+    tosa_bytes: bytes  # stock TOSABackend output
+    seconds: float  # stock TOSABackend._preprocess wall time
+
+
+def stock_partitions(
+    exported_program: ExportedProgram, compile_spec: TosaCompileSpec
+) -> list[StockPartition]:
+    """Lower with Arm's partitioner and backend; return each delegate's input and output.
+
+    Used by tests and benchmarks to get exactly the programs a backend sees,
+    without the codec_tosa backend. `lower_into` mutates its program, so lower
+    a `copy.deepcopy` of `.program`.
+    """
+    from executorch.exir import to_edge_transform_and_lower
+
+    captured: list[StockPartition] = []
+    preprocess = TOSABackend.__dict__["_preprocess"].__func__
+
+    def capturing(edge_program: ExportedProgram, spec: TosaCompileSpec) -> Any:
+        program = copy.deepcopy(edge_program)
+        started = time.perf_counter()
+        result = preprocess(edge_program, spec)
+        seconds = time.perf_counter() - started
+        captured.append(StockPartition(program, bytes(result.processed_bytes), seconds))
+        return result
+
+    with _patched(TOSABackend, "_preprocess", staticmethod(capturing)):
+        to_edge_transform_and_lower(
+            exported_program, partitioner=[stock_partitioner(compile_spec)]
+        )
+    return captured
+
+
+def stock_int8_program(
+    model: Any, example_inputs: tuple[Any, ...], compile_spec: TosaCompileSpec
+) -> ExportedProgram:
+    """Arm's stock PT2E INT8 flow: symmetric config everywhere, calibrated on the example."""
+    import torch
+    from executorch.backends.arm.quantizer import (
+        TOSAQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = TOSAQuantizer(compile_spec)
+    quantizer.set_global(get_symmetric_quantization_config())
+    # check_guards=False: Arm's annotation passes fail on the `_guards_fn` node.
+    graph = torch.export.export(model, example_inputs).module(check_guards=False)
+    prepared = prepare_pt2e(graph, quantizer)
+    prepared(*example_inputs)
+    return torch.export.export(convert_pt2e(prepared), example_inputs)

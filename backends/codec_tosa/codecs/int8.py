@@ -1,0 +1,36 @@
+"""The default codec: per-tensor asymmetric INT8 for activations, per-channel
+symmetric INT8 for weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from codec_tosa.codecs.base import ChannelTheta, Theta
+
+QMIN, QMAX = -128, 127
+_TINY = 1e-8  # a zero range (a constant tensor) still gets a valid, non-zero scale
+
+
+class Int8Affine:
+    code_bytes = 1
+
+    def learn(self, lo: float, hi: float) -> Theta:
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"observed range [{lo}, {hi}] is not finite")
+        # the range must contain 0 so that zero (padding, ReLU floor) is exact
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        scale = max((hi - lo) / (QMAX - QMIN), _TINY)
+        zero_point = int(round(QMIN - lo / scale))
+        zero_point = max(QMIN, min(QMAX, zero_point))
+        return Theta(float(scale), zero_point, QMIN, QMAX, torch.int8)
+
+    def learn_weight(self, weight: torch.Tensor, axis: int = 0) -> ChannelTheta:
+        dims = [d for d in range(weight.dim()) if d != axis]
+        amax = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
+        scales = torch.clamp(amax.float() / QMAX, min=_TINY)
+        return ChannelTheta(scales, axis, -QMAX, QMAX, torch.int8)
+
+
+DEFAULT_CODEC = Int8Affine()

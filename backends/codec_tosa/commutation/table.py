@@ -1,0 +1,259 @@
+"""The commutation table: for each operator, what its INT8 variant encodes.
+
+One row per operator target. Port names are the operator schema's tensor
+argument names (`input`, `tensors`, `self`, ...) and `out` (every output) or
+`out.K` (output K). A row lists:
+
+* `policy`: the first policy that selects the INT8 variant (None: FP32 only);
+* `encoded`: the ports that carry codes in the INT8 variant;
+* `blocks`: groups of encoded ports that must share one codec parameter set
+  (every encoded port not in a block is a trivial block of its own);
+* `weights`: encoded input ports whose constant operands (parameters) are
+  encoded offline, per channel, with no runtime codec.
+
+Operators missing from the table are FP32, with one warning listing them.
+Edge-dialect `*_copy` spellings are listed beside their core-ATen names.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from codec_tosa.commutation.policy import PolicyOrder
+
+OUT = "out"
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    policy: str | None = None
+    encoded: tuple[str, ...] = ()
+    blocks: tuple[tuple[str, ...], ...] = ()
+    weights: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "policy": self.policy,
+            "encoded": list(self.encoded),
+            "blocks": [list(b) for b in self.blocks],
+            "weights": list(self.weights),
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "Row":
+        unknown = set(d) - {"target", "policy", "encoded", "blocks", "weights"}
+        if unknown:
+            raise ValueError(f"table row {d.get('target')!r}: unknown keys {sorted(unknown)}")
+        return Row(
+            target=str(d["target"]),
+            policy=d.get("policy"),
+            encoded=tuple(d.get("encoded", ())),
+            blocks=tuple(tuple(b) for b in d.get("blocks", ())),
+            weights=tuple(d.get("weights", ())),
+        )
+
+
+def _compute(target: str, operands: tuple[str, ...], weights: tuple[str, ...]) -> Row:
+    # The INT8 kernel requantises internally: input and output codes are independent
+    # (all blocks trivial); the bias stays 32-bit.
+    return Row(target, "Y", operands + (OUT,), (), weights)
+
+
+def _routing(target: str, variadic: str) -> Row:
+    return Row(target, "X", (variadic, OUT), ((variadic, OUT),))
+
+
+def _layout(target: str, src: str = "self", out: str = OUT) -> Row:
+    # Moves codes without looking at them: input and output share one theta.
+    return Row(target, "W", (src, out), ((src, out),))
+
+
+def _fp32(*targets: str) -> list[Row]:
+    return [Row(t) for t in targets]
+
+
+_LAYOUT_OPS = [
+    "view.default", "_unsafe_view.default", "reshape.default", "permute.default",
+    "transpose.int", "t.default", "clone.default", "alias.default", "slice.Tensor",
+    "select.int", "squeeze.dim", "squeeze.dims", "squeeze.default", "unsqueeze.default",
+    "expand.default", "split_with_sizes.default", "split.Tensor", "chunk.default",
+    "unbind.int", "flatten.using_ints", "contiguous.default",
+]
+_EDGE_COPY = {
+    "view.default": "view_copy.default",
+    "permute.default": "permute_copy.default",
+    "transpose.int": "transpose_copy.int",
+    "t.default": "t_copy.default",
+    "alias.default": "alias_copy.default",
+    "slice.Tensor": "slice_copy.Tensor",
+    "select.int": "select_copy.int",
+    "squeeze.dim": "squeeze_copy.dim",
+    "squeeze.dims": "squeeze_copy.dims",
+    "squeeze.default": "squeeze_copy.default",
+    "unsqueeze.default": "unsqueeze_copy.default",
+    "expand.default": "expand_copy.default",
+    "split_with_sizes.default": "split_with_sizes_copy.default",
+    "split.Tensor": "split_copy.Tensor",
+    "unbind.int": "unbind_copy.int",
+}
+
+
+def _default_rows() -> list[Row]:
+    rows = [
+        _compute("aten.convolution.default", ("input", "weight"), ("weight",)),
+        _compute("aten.linear.default", ("input", "weight"), ("weight",)),
+        _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2")),
+        _compute("aten.mm.default", ("self", "mat2"), ("self", "mat2")),
+        _compute("aten.bmm.default", ("self", "mat2"), ("self", "mat2")),
+        _routing("aten.cat.default", "tensors"),
+        _layout("aten.constant_pad_nd.default"),
+        Row("aten.max_pool2d_with_indices.default", "W", ("self", "out.0"), (("self", "out.0"),)),
+        _layout("aten.max_pool2d.default"),
+    ]
+    for name in _LAYOUT_OPS:
+        rows.append(_layout(f"aten.{name}"))
+        if name in _EDGE_COPY:
+            rows.append(_layout(f"aten.{_EDGE_COPY[name]}"))
+    rows += _fp32(
+        # elementwise arithmetic and activations
+        "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
+        "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
+        "aten.div.Tensor_mode", "aten.rsub.Scalar", "aten.neg.default", "aten.abs.default",
+        "aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.sqrt.default",
+        "aten.rsqrt.default", "aten.reciprocal.default", "aten.exp.default", "aten.log.default",
+        "aten.sin.default", "aten.cos.default", "aten.tanh.default", "aten.sigmoid.default",
+        "aten.relu.default", "aten.gelu.default", "aten.silu.default", "aten.hardtanh.default",
+        "aten.hardswish.default", "aten.hardsigmoid.default", "aten.leaky_relu.default",
+        "aten.elu.default", "aten.erf.default", "aten.clamp.default", "aten.clamp.Tensor",
+        "aten.minimum.default", "aten.maximum.default", "aten.where.self",
+        "aten.lt.Scalar", "aten.lt.Tensor", "aten.gt.Scalar", "aten.gt.Tensor",
+        "aten.le.Scalar", "aten.ge.Scalar", "aten.eq.Scalar", "aten.eq.Tensor",
+        "aten.ne.Scalar", "aten.logical_not.default", "aten.logical_and.default",
+        "aten.bitwise_not.default", "aten.bitwise_and.Tensor",
+        # normalisation, reductions, softmax, pooling that computes
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten.native_batch_norm.default", "aten.native_layer_norm.default",
+        "aten.native_group_norm.default", "aten._softmax.default",
+        "aten._log_softmax.default", "aten._safe_softmax.default", "aten.mean.dim",
+        "aten.mean.default", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default",
+        "aten.var.correction", "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
+        "aten.adaptive_avg_pool2d.default", "aten.upsample_nearest2d.vec",
+        "aten.upsample_nearest2d.default", "aten.upsample_bilinear2d.vec",
+        # type conversion, indexing, constants
+        "aten._to_copy.default", "aten.embedding.default", "aten.index.Tensor",
+        "aten.index_select.default", "aten.gather.default", "aten.arange.start_step",
+        "aten.arange.default", "aten.full.default", "aten.full_like.default",
+        "aten.scalar_tensor.default", "aten.zeros.default", "aten.ones.default",
+        "aten.empty.memory_format", "aten.copy.default", "aten.lift_fresh_copy.default",
+        "aten._assert_tensor_metadata.default",
+        "aten.scaled_dot_product_attention.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    )
+    return rows
+
+
+@dataclass
+class CommutationTable:
+    """Rows by target; `lookup` warns once per analysis about missing operators."""
+
+    rows: dict[str, Row]
+    order: PolicyOrder = field(default_factory=PolicyOrder)
+
+    @classmethod
+    def default(cls) -> "CommutationTable":
+        return cls.from_rows(_default_rows())
+
+    @classmethod
+    def from_rows(
+        cls, rows: Iterable[Row], order: PolicyOrder | None = None, validate: bool = True
+    ) -> "CommutationTable":
+        table = cls({}, order or PolicyOrder())
+        for row in rows:
+            if row.target in table.rows:
+                raise ValueError(f"commutation table: operator {row.target} listed twice")
+            table.rows[row.target] = row
+        if validate:
+            table.validate()
+        return table
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "CommutationTable":
+        """Load a user table: ``{"policies": ["Z", ...], "rows": [{"target": ...}, ...]}``."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"commutation table {path}: {e}") from None
+        order = PolicyOrder(tuple(data["policies"])) if "policies" in data else None
+        return cls.from_rows((Row.from_json(r) for r in data["rows"]), order)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policies": list(self.order.letters),
+            "rows": [r.to_json() for r in self.rows.values()],
+        }
+
+    def validate(self) -> None:
+        """Every row names a real operator, real ports and known policies."""
+        for row in self.rows.values():
+            if row.policy is not None:
+                self.order.rank(row.policy)
+            ports = operator_ports(row.target)
+            if ports is None:
+                raise ValueError(f"commutation table: operator {row.target} does not exist")
+            inputs, n_out = ports
+            names = set(row.encoded) | set(row.weights) | {p for b in row.blocks for p in b}
+            for name in names:
+                if not _port_exists(name, inputs, n_out):
+                    raise ValueError(
+                        f"commutation table: operator {row.target} has no port {name!r} "
+                        f"(tensor inputs: {', '.join(inputs) or 'none'}; outputs: {n_out})"
+                    )
+            for b in row.blocks:
+                if not set(b) <= set(row.encoded):
+                    raise ValueError(f"commutation table: {row.target} block {b} has unencoded ports")
+            if not set(row.weights) <= set(row.encoded):
+                raise ValueError(f"commutation table: {row.target} weight ports must be encoded")
+
+    def lookup(self, target: str) -> Row | None:
+        return self.rows.get(target)
+
+
+def _port_exists(name: str, inputs: list[str], n_out: int) -> bool:
+    if name == OUT:
+        return n_out > 0
+    if name.startswith(OUT + "."):
+        idx = name[len(OUT) + 1:]
+        return idx.isdigit() and int(idx) < n_out
+    return name in inputs
+
+
+def operator_ports(target: str) -> tuple[list[str], int] | None:
+    """Tensor input names and output count of an operator named like ``aten.cat.default``."""
+    parts = target.split(".")
+    if len(parts) != 3:
+        return None
+    ns, name, overload = parts
+    try:
+        op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    schema = op._schema
+    inputs = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
+    return inputs, len(schema.returns)
+
+
+def warn_missing(targets: Iterable[str]) -> None:
+    missing = sorted(set(targets))
+    if missing:
+        warnings.warn(
+            "codec_tosa: operators not in the commutation table are FP32: " + ", ".join(missing),
+            stacklevel=3,
+        )

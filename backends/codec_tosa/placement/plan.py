@@ -1,0 +1,146 @@
+"""Codec materialisation as a plan: domains, encodes, decodes and transcodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement.domains import DomainSets
+from codec_tosa.placement.semantics import CODE, PLAIN, Semantics
+
+ENCODE = "encode"
+DECODE = "decode"
+TRANSCODE = "transcode"
+
+
+@dataclass
+class Domain:
+    """Encoded ports sharing one codec parameter set, learned at `dominator`."""
+
+    id: int
+    dominator: str
+    in_ports: list[int] = field(default_factory=list)
+    values: list[int] = field(default_factory=list)
+    ports: list[str] = field(default_factory=list)  # labels, filled by `label_ports`
+
+
+@dataclass
+class Codec:
+    """One codec operator. `domain` is the domain written (encode, transcode) or
+    read (decode); `source` is the domain a transcode reads."""
+
+    kind: str
+    value: str
+    value_id: int
+    domain: int
+    elements: int
+    uses: list[int]
+    source: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "value": self.value, "domain": self.domain,
+                             "elements": self.elements}
+        if self.source is not None:
+            d["source"] = self.source
+        return d
+
+
+@dataclass
+class Plan:
+    domains: list[Domain]
+    codecs: list[Codec]
+    in_domain: list[int]  # per in-port: domain id or -1
+    value_domain: list[int]  # per value: domain id of its producer port or -1
+
+
+def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool = True,
+              fused_transcode: bool = False) -> Plan:
+    P = graph.num_in_ports
+    ids: dict[int, int] = {}
+    domains: list[Domain] = []
+
+    def domain_id(root: int) -> int:
+        d = ids.get(root)
+        if d is None:
+            d = ids[root] = len(domains)
+            domains.append(Domain(d, sets.dominator[root]))
+        return d
+
+    in_domain = [-1] * P
+    value_domain = [-1] * graph.num_values
+    # domains are numbered in topological order of their first port
+    for op in range(graph.num_ops):
+        for p in graph.op_in[op]:
+            if sem.in_sem[p] == CODE:
+                d = in_domain[p] = domain_id(sets.of_in_port(p))
+                domains[d].in_ports.append(p)
+        for x in graph.op_out[op]:
+            if sem.out_code[x]:
+                d = value_domain[x] = domain_id(sets.of_value(x))
+                domains[d].values.append(x)
+
+    codecs = _local_codecs(graph, sem, in_domain, value_domain) if sets.local else \
+        _nonlocal_codecs(graph, sem, in_domain, value_domain, fused_transcode)
+    plan = Plan(domains, codecs, in_domain, value_domain)
+    if labels:
+        label_ports(graph, plan)
+    return plan
+
+
+def label_ports(graph: PortGraph, plan: Plan) -> None:
+    for d in plan.domains:
+        d.ports = [graph.in_port_label(p) for p in d.in_ports] + \
+            [graph.out_port_label(x) for x in d.values]
+
+
+def _nonlocal_codecs(graph: PortGraph, sem: Semantics, in_domain: list[int],
+                     value_domain: list[int], fused_transcode: bool) -> list[Codec]:
+    codecs: list[Codec] = []
+    for x in range(graph.num_values):
+        src = value_domain[x]
+        # An encoded value read in k other domains: k unfused transcodes cost
+        # 10 bytes/element each, one decode plus k encodes 5 + 5k. So the value is
+        # decoded once and re-encoded when it is decoded anyway (plain uses) or
+        # k >= 2; fused transcodes (codes in, codes out, 2 bytes) always win.
+        decode: Codec | None = None
+        if src >= 0:
+            uses = graph.val_uses[x]
+            plain_use = any(sem.in_sem[u] == PLAIN for u in uses)
+            k = len({in_domain[u] for u in uses if sem.in_sem[u] == CODE} - {src})
+            if plain_use or (k >= 2 and not fused_transcode):
+                decode = Codec(DECODE, graph.val_name[x], x, src, graph.numel(x), [])
+                codecs.append(decode)
+        from_plain = src < 0 or (decode is not None and not fused_transcode)
+        into: dict[int, Codec] = {}  # shared per (value, domain)
+        for u in graph.val_uses[x]:
+            s = sem.in_sem[u]
+            if s == CODE:
+                d = in_domain[u]
+                if d == src:
+                    continue
+                c = into.get(d)
+                if c is None:
+                    kind = ENCODE if from_plain else TRANSCODE
+                    c = into[d] = Codec(kind, graph.val_name[x], x, d, graph.numel(x), [],
+                                        None if from_plain else src)
+                    codecs.append(c)
+                c.uses.append(u)
+            elif s == PLAIN and decode is not None:
+                decode.uses.append(u)
+    return codecs
+
+
+def _local_codecs(graph: PortGraph, sem: Semantics, in_domain: list[int], value_domain: list[int]) -> list[Codec]:
+    """Per operator: a decode on each encoded output (shared by its uses), an encode
+    on each encoded input (one per use), so neighbours see a decode/encode pair."""
+    codecs: list[Codec] = []
+    for x in range(graph.num_values):
+        src = value_domain[x]
+        if src >= 0 and graph.val_uses[x]:
+            codecs.append(Codec(DECODE, graph.val_name[x], x, src, graph.numel(x),
+                                list(graph.val_uses[x])))
+        for u in graph.val_uses[x]:
+            if sem.in_sem[u] == CODE:
+                codecs.append(Codec(ENCODE, graph.val_name[x], x, in_domain[u], graph.numel(x), [u]))
+    return codecs

@@ -1,0 +1,85 @@
+"""How a codec plan travels from the partitioner to the backend: FX node meta.
+
+ExecuTorch hands `preprocess` a copy of each partition with node meta intact,
+so the partitioner writes, on every operator node, what each of its ports
+carries. The codecs themselves follow from the ports (CODEC_PLACEMENT.md,
+"Codec materialisation"): the backend re-derives them per partition, which
+also makes partition boundaries plain.
+
+``node.meta[KEY] = {"in": {"input[0]": PortCodec, ...}, "out": {0: PortCodec}}``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx
+
+from codec_tosa.codecs.base import Theta
+from codec_tosa.graph import OUTPUT_OP, PortGraph
+from codec_tosa.placement.plan import Plan
+from codec_tosa.placement.semantics import CODE, WEIGHT, Semantics
+
+KEY = "codec_tosa"
+
+
+@dataclass(frozen=True)
+class PortCodec:
+    """An encoded port: its domain and theta, or an offline-encoded weight."""
+
+    domain: int = -1
+    theta: Theta | None = None
+    weight: bool = False
+
+
+def in_key(graph: PortGraph, port: int) -> str:
+    return f"{graph.in_arg[port]}[{graph.in_item[port]}]"
+
+
+def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[int, Theta]) -> None:
+    """Record each encoded port on its FX operator node (graph built by `PortGraph.from_fx`)."""
+    for op in range(graph.num_ops):
+        node = graph.fx_op_node[op]
+        if node is None:
+            continue
+        ins: dict[str, PortCodec] = {}
+        for p in graph.op_in[op]:
+            if sem.in_sem[p] == WEIGHT:
+                ins[in_key(graph, p)] = PortCodec(weight=True)
+            elif sem.in_sem[p] == CODE:
+                d = plan.in_domain[p]
+                ins[in_key(graph, p)] = PortCodec(d, thetas[d])
+        outs = {
+            graph.val_slot[v]: PortCodec(plan.value_domain[v], thetas[plan.value_domain[v]])
+            for v in graph.op_out[op]
+            if sem.out_code[v]
+        }
+        if ins or outs:
+            node.meta[KEY] = {"in": ins, "out": outs}
+        else:
+            node.meta.pop(KEY, None)
+
+
+def read_port_codecs(graph: PortGraph) -> tuple[list[PortCodec | None], list[PortCodec | None]]:
+    """Per in-port and per value of `graph` (a partition), what the plan says it carries."""
+    ins: list[PortCodec | None] = [None] * graph.num_in_ports
+    outs: list[PortCodec | None] = [None] * graph.num_values
+    for p in range(graph.num_in_ports):
+        op = graph.in_op[p]
+        if op == OUTPUT_OP:
+            continue
+        node = graph.fx_op_node[op]
+        meta = node.meta.get(KEY) if node is not None else None
+        if meta:
+            ins[p] = meta["in"].get(in_key(graph, p))
+    for v in range(graph.num_values):
+        op = graph.val_op[v]
+        node = graph.fx_op_node[op] if op >= 0 else None
+        meta = node.meta.get(KEY) if node is not None else None
+        if meta:
+            outs[v] = meta["out"].get(graph.val_slot[v])
+    return ins, outs
+
+
+def has_plan(gm: torch.fx.GraphModule) -> bool:
+    return any(KEY in n.meta for n in gm.graph.nodes)

@@ -1,0 +1,124 @@
+"""The traffic model: the only code that turns ports into bytes (CODEC_PLACEMENT.md section 4).
+
+* storage: parameters, buffers and lifted constants as stored; a constant that
+  reaches an offline-encoded weight port (possibly through folded layout
+  operators such as the transpose of a linear weight) is stored at the code
+  width, everything else at its own dtype. Codec parameters are reported
+  separately (`codec_params_bytes`): one FP32 scale per output channel of each
+  encoded weight, and an FP32 scale plus an INT32 zero point per domain.
+* traffic: every runtime operator reads each input and writes each output at
+  the width of the port's semantics; codec operators included. Folded
+  constant operators, getitem, placeholders and outputs move nothing, and an
+  output that nothing reads (max_pool2d's indices) is not written.
+* codec items: elements processed by codec operators; an unfused transcode
+  counts as a decode plus an encode, a fused one (int8 -> int8 RESCALE) once.
+* lower bound: the same variants with zero codec traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from codec_tosa.graph import CONSTANT, PortGraph
+from codec_tosa.placement.plan import DECODE, ENCODE, Plan
+from codec_tosa.placement.semantics import PLAIN, WEIGHT, Semantics
+
+CODE_BYTES = 1  # INT8 codes
+SCALE_BYTES = 4  # FP32 scale
+ZERO_POINT_BYTES = 4  # INT32 zero point
+MIB = float(1 << 20)
+
+
+@dataclass
+class OpTraffic:
+    node: str
+    target: str
+    bytes_read: int
+    bytes_written: int
+
+    @property
+    def total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass
+class Traffic:
+    storage_bytes: int
+    codec_params_bytes: int
+    traffic_bytes: int
+    codec_traffic_bytes: int
+    codec_items: int
+    per_op: list[OpTraffic] = field(default_factory=list)
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        return self.traffic_bytes - self.codec_traffic_bytes
+
+
+def port_width(graph: PortGraph, sem: Semantics, port: int) -> int:
+    """Bytes per element read through an in-port."""
+    return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else CODE_BYTES
+
+
+def value_width(graph: PortGraph, sem: Semantics, value: int) -> int:
+    """Bytes per element written through an output port."""
+    return CODE_BYTES if sem.out_code[value] else graph.itemsize(value)
+
+
+def encoded_constants(graph: PortGraph, sem: Semantics) -> list[bool]:
+    """Per value: a constant stored encoded (it reaches a weight port through folded ops)."""
+    enc = [False] * graph.num_values
+    for p in range(graph.num_in_ports):
+        if sem.in_sem[p] == WEIGHT:
+            enc[graph.in_value[p]] = True
+    for op in reversed(range(graph.num_ops)):  # reverse topological: outputs before inputs
+        if graph.op_const[op] and any(enc[v] for v in graph.op_out[op]):
+            for p in graph.op_in[op]:
+                enc[graph.in_value[p]] = True
+    return enc
+
+
+def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool = False,
+            per_op: bool = True) -> Traffic:
+    storage = params = 0
+    enc_const = encoded_constants(graph, sem)
+    for v in range(graph.num_values):
+        if graph.val_op[v] >= 0 or graph.val_kind[v] != CONSTANT:
+            continue
+        if enc_const[v]:
+            storage += graph.numel(v) * CODE_BYTES
+            shape = graph.val_shape[v]
+            params += (shape[0] if shape else 1) * SCALE_BYTES  # per output channel
+        else:
+            storage += graph.numel(v) * graph.itemsize(v)
+    params += len(plan.domains) * (SCALE_BYTES + ZERO_POINT_BYTES)
+
+    rows: list[OpTraffic] = []
+    total = 0
+    for op in range(graph.num_ops):
+        if graph.op_const[op]:
+            continue
+        r = sum(graph.numel(graph.in_value[p]) * port_width(graph, sem, p) for p in graph.op_in[op])
+        # an output nobody reads (max_pool2d's indices) is not written
+        w = sum(graph.numel(v) * value_width(graph, sem, v) for v in graph.op_out[op]
+                if graph.val_uses[v])
+        total += r + w
+        if per_op:
+            rows.append(OpTraffic(graph.op_name[op], graph.op_target[op], r, w))
+
+    codec_total = items = 0
+    for c in plan.codecs:
+        n, plain = c.elements, graph.itemsize(c.value_id)
+        if c.kind == ENCODE:
+            r, w, k = n * plain, n * CODE_BYTES, n
+        elif c.kind == DECODE:
+            r, w, k = n * CODE_BYTES, n * plain, n
+        elif fused_transcode:
+            r, w, k = n * CODE_BYTES, n * CODE_BYTES, n
+        else:  # a decode followed by an encode
+            r, w, k = n * (CODE_BYTES + plain), n * (plain + CODE_BYTES), 2 * n
+        codec_total += r + w
+        items += k
+        if per_op:
+            rows.append(OpTraffic(f"{c.kind}({c.value})->d{c.domain}", f"codec.{c.kind}", r, w))
+    return Traffic(storage, params, total + codec_total, codec_total, items, rows)
