@@ -1,11 +1,28 @@
 """codec_tosa: non-local codec placement for ExecuTorch TOSA delegates.
 
-Public API: `analyze`, `CommutationTable`, `PolicyOrder`, and (with the
-backend) `CodecSpec`, `CodecTosaPartitioner`, `CodecTosaBackend`.
+Public API: `analyze`, `CommutationTable`, `PolicyOrder`, `Row`, `CodecSpec`,
+`CodecTosaPartitioner`, `CodecTosaBackend`. The ExecuTorch-facing names are
+imported on first use, so that `analyze` alone does not load executorch.
 """
+
+from typing import Any
 
 from codec_tosa.analysis import Analysis, analyze
 from codec_tosa.commutation import CommutationTable, PolicyOrder, Row
 from codec_tosa.placement import PLACEMENTS
 
-__all__ = ["Analysis", "analyze", "CommutationTable", "PolicyOrder", "Row", "PLACEMENTS"]
+_LAZY = {
+    "CodecSpec": "codec_tosa.spec",
+    "CodecTosaPartitioner": "codec_tosa.partitioner",
+    "CodecTosaBackend": "codec_tosa.backend",
+}
+
+__all__ = ["Analysis", "analyze", "CommutationTable", "PolicyOrder", "Row", "PLACEMENTS", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'codec_tosa' has no attribute {name!r}")

@@ -33,7 +33,7 @@ class DomainSets:
     uf: UnionFind
     num_in_ports: int
     num_values: int
-    dominator: dict[int, str]  # root -> label
+    dominator: dict[int, tuple[str, int]]  # root -> (label, value observed there)
     local: bool
 
     def of_in_port(self, port: int) -> int:
@@ -93,23 +93,30 @@ def _unite_flows(graph: PortGraph, sem: Semantics, uf: UnionFind) -> list[int]:
     return boundaries
 
 
-def _dominators(graph: PortGraph, sem: Semantics, uf: UnionFind, block_rep: list[int]) -> dict[int, str]:
+def _block_output(graph: PortGraph, sem: Semantics, b: int) -> int:
+    """The tensor a block operator dominator is observed at: its (first) output in the block."""
+    outs = [x for x in graph.op_out[sem.block_op[b]] if sem.out_block[x] == b]
+    return outs[0] if outs else -1
+
+
+def _dominators(graph: PortGraph, sem: Semantics, uf: UnionFind,
+                block_rep: list[int]) -> dict[int, tuple[str, int]]:
     """Step 3: after step 2 every domain is a funnel with one entry, which is its
     absolute dominator: a multi-input block operator, the output marker of a
     producer port whose block does not pass codes through, or a shared encode."""
     P, V = graph.num_in_ports, graph.num_values
-    dominator: dict[int, str] = {}
+    dominator: dict[int, tuple[str, int]] = {}
     for x in range(V):
         b = sem.out_block[x]
         if b >= 0 and sem.block_inputs[b] == 0:
-            dominator[uf.find(P + x)] = f"o({graph.val_name[x]})"
+            dominator[uf.find(P + x)] = (f"o({graph.val_name[x]})", x)
     for x in range(V):
         r = uf.find(P + V + x)
         if r != P + V + x or uf.rank[r] > 0:  # the encode node joined some use
-            dominator[r] = f"encode({graph.val_name[x]})"
+            dominator[r] = (f"encode({graph.val_name[x]})", x)
     for b, rep in enumerate(block_rep):
         if rep >= 0 and sem.block_inputs[b] > 1:
-            dominator[uf.find(rep)] = graph.op_name[sem.block_op[b]]
+            dominator[uf.find(rep)] = (graph.op_name[sem.block_op[b]], _block_output(graph, sem, b))
     return dominator
 
 
@@ -142,7 +149,7 @@ def _coalesce(
     sem: Semantics,
     uf: UnionFind,
     boundaries: list[int],
-    dominator: dict[int, str],
+    dominator: dict[int, tuple[str, int]],
 ) -> None:
     """Step 4: merge a boundary value's domain into the block's domain when every
     edge leaving it goes into that block (so the block still post-dominates it)."""
@@ -170,20 +177,22 @@ def _coalesce(
         i = j
 
 
-def _local_dominators(graph: PortGraph, sem: Semantics, uf: UnionFind, block_rep: list[int]) -> dict[int, str]:
+def _local_dominators(graph: PortGraph, sem: Semantics, uf: UnionFind,
+                      block_rep: list[int]) -> dict[int, tuple[str, int]]:
     """Local placement: each block is a domain of its own; its encodes sit at the
     block's inputs and its decode at its output."""
-    dominator: dict[int, str] = {}
+    dominator: dict[int, tuple[str, int]] = {}
     for b, rep in enumerate(block_rep):
         if rep < 0:
             continue
         op = graph.op_name[sem.block_op[b]]
         if sem.block_inputs[b] > 1:
-            dominator[uf.find(rep)] = op
+            dominator[uf.find(rep)] = (op, _block_output(graph, sem, b))
         elif sem.block_inputs[b] == 1:
             # the block's single input port is the union's first member
             port = next(p for p in graph.op_in[sem.block_op[b]] if sem.in_block[p] == b)
-            dominator[uf.find(rep)] = f"encode@{graph.in_port_label(port)}"
+            dominator[uf.find(rep)] = (f"encode@{graph.in_port_label(port)}", graph.in_value[port])
         else:
-            dominator[uf.find(rep)] = f"o({graph.val_name[rep - graph.num_in_ports]})"
+            x = rep - graph.num_in_ports
+            dominator[uf.find(rep)] = (f"o({graph.val_name[x]})", x)
     return dominator

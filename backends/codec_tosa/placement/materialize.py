@@ -13,9 +13,10 @@ pass pipeline understands:
 * an encoded use of domain ``d`` reading a plain value: one ``q(theta_d) ->
   dq(theta_d)`` per (value, domain), shared by those uses (the encode);
 * an encoded use of ``d`` reading a value encoded in ``s != d``: ``q(theta_d)
-  -> dq(theta_d)`` after ``dq(theta_s)`` (the transcode, unfused: Arm lowers
-  the leftover ``dq_s -> q_d`` to float arithmetic; a fused int8->int8
-  RESCALE is not done here);
+  -> dq(theta_d)`` after ``dq(theta_s)`` (the transcode). Arm's
+  ``InsertRescalePass`` turns the remaining ``dq_s -> q_d`` pair into one
+  int8 -> int8 ``RESCALE``, so transcodes come out fused (codes in, codes
+  out) without anything more from us;
 * a WEIGHT in-port (offline-encoded operand): the constant it reads is
   evaluated, encoded (symmetric INT8, `Int8Affine.learn_weight`), stored as a
   new int8 lifted constant and read through ``dequantize_per_channel`` (or
@@ -28,9 +29,17 @@ What Arm's passes need, learned from executorch 1.5.1 ``backends/arm/_passes``:
 * ``FoldAndAnnotateQParamsPass.is_foldable`` only folds q/dq into a node whose
   ``meta["custom"]["_arm_annotation_info"]`` says ``quantized``; the Arm
   quantizer sets it, so we set it on every operator with an encoded or
-  weight port (and nowhere else: plain operators stay FP32 and their dq/q
-  neighbours are decomposed by ``DecomposeQuantNodesPass`` into MUL/ADD/
-  CAST/... chains, which is exactly the decode/encode).
+  weight port, and on the ``getitem`` nodes that read its encoded results
+  (a q after a getitem of ``split``/``max_pool2d_with_indices`` must fold
+  into the getitem, or the q is left reading int8). Nowhere else: plain
+  operators stay FP32 and their dq/q neighbours are decomposed by
+  ``DecomposeQuantNodesPass`` into MUL/ADD/FLOOR/CEIL/SELECT/CLAMP/CAST
+  chains, which is exactly the decode/encode.
+* q/dq around ``view_copy``, ``permute_copy``, ``_clone_dim_order``, ``cat``,
+  ``slice`` and ``max_pool2d`` fold like around any annotated operator: the
+  TOSA RESHAPE/TRANSPOSE/CONCAT/SLICE/MAX_POOL2D run on INT8. Arm's view
+  propagation may still move a RESHAPE/TRANSPOSE into an FP32 encode chain
+  (before its CAST), which is Arm's choice, not a codec.
 * A list argument (``cat``) is folded with the *first* input's qparams
   (``_merge_qparams``); the plan guarantees all ``cat`` inputs share the
   block's domain (a transcode is inserted otherwise), so nothing is lost.
@@ -47,7 +56,14 @@ What Arm's passes need, learned from executorch 1.5.1 ``backends/arm/_passes``:
   addmm (e.g. linear decomposed to ``permute(weight) -> addmm``) is encoded
   per tensor, which is also invariant under the permute. The encoded tensor
   is the value *at the port* (after any constant-folded permute/view), so no
-  axis has to be mapped back through layout operators.
+  axis has to be mapped back through layout operators. A transposed
+  convolution (output channels on axis 1) is refused when its weight's axis
+  0 differs from the output channels; with equal counts it is not detected,
+  because that needs the ``transposed`` argument, which `PortGraph` does not
+  expose yet.
+* The edge program must keep ``aten.linear`` (Arm's partitioner lists it in
+  ``ops_to_not_decompose`` for INT+FP): an INT8 ``addmm`` cannot be lowered
+  (see ``_UNSUPPORTED_INT8``) and is refused with the node named.
 
 The rewrite is in place: ``materialize`` mutates and returns the program it
 is given (the backend already receives a deep copy of the partition).
@@ -72,7 +88,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
-from codec_tosa.graph import CONSTANT, OUTPUT_OP, FxUse, PortGraph, replace_fx_use
+from codec_tosa.graph import CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, read_port_codecs
 
 _QD = exir_ops.edge.quantized_decomposed
@@ -136,6 +152,7 @@ def materialize_with_stats(edge_program: ExportedProgram) -> tuple[ExportedProgr
     stats = MaterializeStats()
     if not any(ins) and not any(outs):
         return edge_program, stats
+    _check_thetas(graph, ins, outs)
     m = _Materializer(edge_program, graph, ins, outs, stats)
     m.annotate_int8_ops()
     m.encode_weights()
@@ -160,8 +177,6 @@ class _Materializer:
     # ---- annotation -------------------------------------------------------
     def annotate_int8_ops(self) -> None:
         """Mark every operator with an encoded or weight port as quantized for Arm."""
-        from executorch.backends.arm.common.annotation_meta import ArmAnnotationInfo
-
         for op in range(self.g.num_ops):
             node = self.g.fx_op_node[op]
             int8 = any(self.ins[p] is not None for p in self.g.op_in[op]) or \
@@ -173,8 +188,15 @@ class _Materializer:
                 raise MaterializeError(
                     f"node {node.name} ({self.g.op_target[op]}): Arm's TOSA lowering cannot take it "
                     f"with encoded ports; {why}")
-            custom = node.meta.setdefault("custom", {})
-            custom[ARM_ANNOTATION_KEY] = ArmAnnotationInfo(quantized=True)
+            marked = [node]
+            # a multi-output operator's encoded results are read through getitem
+            # nodes; the q after each must fold into the getitem, as in PT2E
+            marked += [self.g.fx_value_node[v] for v in self.g.op_out[op]
+                       if self.outs[v] is not None and self.g.fx_value_node[v] not in (None, node)]
+            for n in marked:
+                # a plain mapping, as Arm's own `mark_node_as_annotated` stores it
+                # (ArmAnnotationInfo accepts one): no import of Arm internals here
+                n.meta.setdefault("custom", {})[ARM_ANNOTATION_KEY] = {"quantized": True}
 
     # ---- offline weights --------------------------------------------------
     def encode_weights(self) -> None:
@@ -194,6 +216,12 @@ class _Materializer:
         value = self.g.in_value[port]
         w = self._constant(value, port).float()
         name = self.g.op_name[op]
+        if per_channel and w.shape[0] != self._out_channels(op):
+            # a transposed convolution keeps output channels on axis 1; telling it
+            # from a plain one needs the `transposed` argument (not in PortGraph)
+            raise MaterializeError(
+                f"node {name}: weight {tuple(w.shape)} does not have the {self._out_channels(op)} "
+                "output channels on axis 0 (transposed convolution?); not supported yet")
         if per_channel:
             ct = DEFAULT_CODEC.learn_weight(w, axis=0)
         else:
@@ -245,6 +273,8 @@ class _Materializer:
             if src is None and not enc_uses:
                 continue
             node = self.g.fx_value_node[v]
+            if node is None and not uses:
+                continue  # an unused output of a multi-output operator: nothing reads codes
             if node is None:
                 raise MaterializeError(f"value {self.g.val_name[v]}: no FX node to attach codecs to")
             self._codecs_for_value(v, node, src, enc_uses)
@@ -326,6 +356,11 @@ class _Materializer:
             raise MaterializeError(f"in-port {self.g.in_port_label(port)}: no FX location")
         return use
 
+    def _out_channels(self, op: int) -> int:
+        # NCHW conv output / (..., features) linear output
+        shape = self.g.val_shape[self.g.op_out[op][0]]
+        return shape[1] if self.g.op_target[op] == "aten.convolution.default" else shape[-1]
+
     def _port_by_arg(self, op: int, arg: str) -> int | None:
         return next((p for p in self.g.op_in[op] if self.g.in_arg[p] == arg), None)
 
@@ -359,8 +394,9 @@ class _Materializer:
         raise MaterializeError(f"constant {node.name}: cannot evaluate a {node.op} node offline")
 
     def _new_constant(self, name: str, data: torch.Tensor) -> torch.fx.Node:
-        first_input = next((n for n in self.fx.nodes if n.op == "placeholder"
-                            and n.name not in set(constant_names(self.ep))), None)
+        # create_constant_placeholder requires constants before the user inputs
+        user_inputs = set(self.ep.graph_signature.user_inputs)
+        first_input = next((n for n in self.fx.nodes if n.op == "placeholder" and n.name in user_inputs), None)
         ctx = self.fx.inserting_before(first_input) if first_input is not None else \
             self.fx.inserting_after(self._last_placeholder())
         with ctx:
@@ -388,6 +424,16 @@ class _Materializer:
                 spec = OutputSpec(spec.kind, TensorArgument(node.name), spec.target)
             specs.append(spec)
         self.ep._graph_signature = ExportGraphSignature(sig.input_specs, specs)
+
+
+def _check_thetas(graph: PortGraph, ins: list[PortCodec | None], outs: list[PortCodec | None]) -> None:
+    """Fail before touching the graph when an encoded port has no codec parameters."""
+    for p, c in enumerate(ins):
+        if c is not None and not c.weight:
+            _theta(c, graph.in_port_label(p))
+    for v, c in enumerate(outs):
+        if c is not None:
+            _theta(c, graph.out_port_label(v))
 
 
 def _theta(codec: PortCodec, where: str) -> Theta:

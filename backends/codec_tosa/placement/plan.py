@@ -20,6 +20,7 @@ class Domain:
 
     id: int
     dominator: str
+    observe: int  # value id of the tensor seen at the dominator (where theta is learned)
     in_ports: list[int] = field(default_factory=list)
     values: list[int] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)  # labels, filled by `label_ports`
@@ -64,7 +65,7 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
         d = ids.get(root)
         if d is None:
             d = ids[root] = len(domains)
-            domains.append(Domain(d, sets.dominator[root]))
+            domains.append(Domain(d, *sets.dominator[root]))
         return d
 
     in_domain = [-1] * P

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection
 
 from codec_tosa.commutation.table import OUT, CommutationTable
 from codec_tosa.graph import CONSTANT, PortGraph
@@ -31,8 +32,37 @@ class Semantics:
         return len(self.block_op)
 
 
-def resolve(graph: PortGraph, table: CommutationTable, policy: str) -> Semantics:
-    """Choose each operator's variant (the most compressed one `policy` selects)."""
+@dataclass(frozen=True)
+class _Variant:
+    """A table row compiled for fast per-operator application."""
+
+    encoded_args: frozenset[str]
+    all_outputs: bool
+    out_slots: frozenset[int]
+    weights: frozenset[str]
+    blocks: tuple[tuple[frozenset[str], bool, frozenset[int]], ...]  # args, all outs, out slots
+
+    @staticmethod
+    def of(row_encoded: tuple[str, ...], blocks: tuple[tuple[str, ...], ...],
+           weights: tuple[str, ...]) -> "_Variant":
+        def split(names: tuple[str, ...]) -> tuple[frozenset[str], bool, frozenset[int]]:
+            args = frozenset(n for n in names if n != OUT and not n.startswith(OUT + "."))
+            slots = frozenset(int(n[len(OUT) + 1:]) for n in names if n.startswith(OUT + "."))
+            return args, OUT in names, slots
+
+        args, all_out, slots = split(row_encoded)
+        return _Variant(args, all_out, slots, frozenset(weights), tuple(split(b) for b in blocks))
+
+    def encodes_output(self, slot: int) -> bool:
+        return self.all_outputs or slot in self.out_slots
+
+
+def resolve(graph: PortGraph, table: CommutationTable, policy: str,
+            plain_ops: Collection[int] = ()) -> Semantics:
+    """Choose each operator's variant (the most compressed one `policy` selects).
+
+    `plain_ops` are kept FP32 whatever the table says (operators left on the CPU).
+    """
     order = table.order
     order.rank(policy)  # validates the letter
     sem = Semantics(
@@ -42,33 +72,27 @@ def resolve(graph: PortGraph, table: CommutationTable, policy: str) -> Semantics
         out_block=[-1] * graph.num_values,
         int8_ops=[False] * graph.num_ops,
     )
+    variants: dict[str, _Variant | None] = {}
+    plain = set(plain_ops)
     for op in range(graph.num_ops):
-        if graph.op_const[op]:
-            continue  # folded offline
-        row = table.lookup(graph.op_target[op])
-        if row is None:
-            sem.missing.add(graph.op_target[op])
-            continue
-        if not order.selects(policy, row.policy):
-            continue
-        _apply_int8(graph, sem, op, row.encoded, row.blocks, row.weights)
+        if graph.op_const[op] or op in plain:
+            continue  # folded offline, or not delegated
+        target = graph.op_target[op]
+        if target not in variants:
+            row = table.lookup(target)
+            if row is None:
+                sem.missing.add(target)
+            variants[target] = (_Variant.of(row.encoded, row.blocks, row.weights)
+                                if row is not None and order.selects(policy, row.policy) else None)
+        variant = variants[target]
+        if variant is not None:
+            _apply_int8(graph, sem, op, variant)
     return sem
 
 
-def _out_names(slot: int) -> tuple[str, str]:
-    return OUT, f"{OUT}.{slot}"
-
-
-def _apply_int8(
-    graph: PortGraph,
-    sem: Semantics,
-    op: int,
-    encoded: tuple[str, ...],
-    blocks: tuple[tuple[str, ...], ...],
-    weights: tuple[str, ...],
-) -> None:
-    enc_in = [p for p in graph.op_in[op] if graph.in_arg[p] in encoded]
-    enc_out = [v for v in graph.op_out[op] if set(_out_names(graph.val_slot[v])) & set(encoded)]
+def _apply_int8(graph: PortGraph, sem: Semantics, op: int, variant: _Variant) -> None:
+    enc_in = [p for p in graph.op_in[op] if graph.in_arg[p] in variant.encoded_args]
+    enc_out = [v for v in graph.op_out[op] if variant.encodes_output(graph.val_slot[v])]
     # Only floating-point tensors are encoded: an operator moving int64 indices or
     # bool masks through an encodable port keeps its FP32 (plain) variant.
     if not all(graph.is_float(graph.in_value[p]) for p in enc_in):
@@ -76,24 +100,22 @@ def _apply_int8(
     if not all(graph.is_float(v) for v in enc_out):
         return
     sem.int8_ops[op] = True
-    block_of: dict[str, int] = {}
-    for names in blocks:
-        b = _new_block(sem, op)
-        for n in names:
-            block_of[n] = b
+    blocks = [(_new_block(sem, op), args, all_out, slots) for args, all_out, slots in variant.blocks]
     for p in enc_in:
         arg = graph.in_arg[p]
-        if arg in weights and graph.val_kind[graph.in_value[p]] == CONSTANT:
+        if arg in variant.weights and graph.val_kind[graph.in_value[p]] == CONSTANT:
             sem.in_sem[p] = WEIGHT
             continue
         sem.in_sem[p] = CODE
-        b = block_of[arg] if arg in block_of else _new_block(sem, op)
+        b = next((b for b, args, _, _ in blocks if arg in args), -1)
+        if b < 0:
+            b = _new_block(sem, op)
         sem.in_block[p] = b
         sem.block_inputs[b] += 1
     for v in enc_out:
         sem.out_code[v] = True
-        names = _out_names(graph.val_slot[v])
-        b = next((block_of[n] for n in names if n in block_of), -1)
+        slot = graph.val_slot[v]
+        b = next((b for b, _, all_out, slots in blocks if all_out or slot in slots), -1)
         if b < 0:
             b = _new_block(sem, op)
         sem.out_block[v] = b

@@ -1,0 +1,40 @@
+"""CodecTosaBackend: materialise the codec plan, lower with Arm's TOSA pipeline, pool constants."""
+
+from __future__ import annotations
+
+from typing import final
+
+import tosa_serializer as ts
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from torch.export import ExportedProgram
+
+from codec_tosa import arm_adapter
+from codec_tosa.placement.materialize import materialize
+from codec_tosa.plan_meta import has_plan
+from codec_tosa.provenance import read_provenance
+from codec_tosa.serialization.pooled import PooledTosaSerializer
+
+
+@final
+class CodecTosaBackend(BackendDetails):
+    """A direct BackendDetails subclass (Arm's TOSABackend cannot be subclassed).
+
+    The payload is a plain TOSA flatbuffer; the runtime side is the C++
+    library built by `codec_tosa.runtime.native`.
+    """
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        arm_spec = arm_adapter.compile_spec_from_list(compile_specs)
+        options = read_provenance(compile_specs).get("spec", {})
+        pool = bool(options.get("pool_constants", True))
+        if has_plan(edge_program.graph_module):
+            edge_program = materialize(edge_program)
+        serializer = arm_adapter.new_serializer(
+            arm_spec, PooledTosaSerializer if pool else ts.TosaSerializer)
+        payload = arm_adapter.lower_into(edge_program, arm_spec, serializer)
+        return PreprocessResult(processed_bytes=payload)
+
+
+__all__ = ["CodecTosaBackend"]

@@ -1,0 +1,124 @@
+"""Calibration: learn each domain's theta from the tensor at its absolute dominator."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from codec_tosa.codecs.base import Theta
+from codec_tosa.codecs.int8 import DEFAULT_CODEC, Int8Affine
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement.plan import Plan
+
+
+class CalibrationError(ValueError):
+    """Calibration inputs or observed ranges are unusable; names the domain/node or input."""
+
+
+def lifted_args(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor],
+                real_state: Mapping[str, torch.Tensor] | None = None) -> list[Any]:
+    """Placeholder values of `ep.graph_module` in order: parameters, buffers, constants, inputs.
+
+    `real_state` replaces state-dict entries that are FakeTensors (see the partitioner).
+    """
+    args: list[Any] = []
+    users = iter(user_inputs)
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(users))
+            continue
+        t = ep.state_dict.get(spec.target) if spec.target in ep.state_dict else ep.constants.get(spec.target)
+        if isinstance(t, FakeTensor):
+            t = (real_state or {}).get(spec.target)
+            if t is None:
+                raise CalibrationError(
+                    f"calibration: the value of {spec.target} is not available (the program holds "
+                    "FakeTensors); lower with to_edge_transform_and_lower so that the partitioner "
+                    "sees the real weights")
+        args.append(t)
+    return args
+
+
+def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[torch.Tensor]]) -> None:
+    if not calibration:
+        raise CalibrationError("calibration: no input tuples given")
+    expected = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
+                and n.name in ep.graph_signature.user_inputs]
+    for i, inputs in enumerate(calibration):
+        if len(inputs) != len(expected):
+            raise CalibrationError(
+                f"calibration input {i}: {len(inputs)} tensors, the program takes {len(expected)}")
+        for k, (t, fake) in enumerate(zip(inputs, expected)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(fake.shape):
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise CalibrationError(
+                    f"calibration input {i}, tensor {k}: shape {got}, expected {tuple(fake.shape)}")
+
+
+class _RangeObserver(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, watch: set[str]) -> None:
+        super().__init__(gm)
+        self.watch = watch
+        self.lo: dict[str, float] = {}
+        self.hi: dict[str, float] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.name in self.watch and isinstance(out, torch.Tensor) and out.numel():
+            lo, hi = float(out.min()), float(out.max())
+            self.lo[n.name] = min(lo, self.lo.get(n.name, math.inf))
+            self.hi[n.name] = max(hi, self.hi.get(n.name, -math.inf))
+        return out
+
+
+def learn_thetas(
+    ep: ExportedProgram,
+    graph: PortGraph,
+    plan: Plan,
+    calibration: Sequence[Sequence[torch.Tensor]],
+    codec: Int8Affine = DEFAULT_CODEC,
+    real_state: Mapping[str, torch.Tensor] | None = None,
+) -> dict[int, Theta]:
+    """Run the calibration inputs through `ep` and learn one theta per domain."""
+    if not plan.domains:
+        return {}
+    check_calibration(ep, calibration)
+    where: dict[int, str] = {}
+    for d in plan.domains:
+        node = graph.fx_value_node[d.observe]
+        if node is None:
+            raise CalibrationError(f"domain {d.id}: dominator {d.dominator} has no FX node")
+        where[d.id] = node.name
+    observer = _RangeObserver(ep.graph_module, set(where.values()))
+    # to_edge_transform_and_lower partitions under an active FakeTensorMode;
+    # calibration needs real numbers
+    with torch.no_grad(), unset_fake_temporarily():
+        for inputs in calibration:
+            observer.run(*lifted_args(ep, inputs, real_state))
+    thetas: dict[int, Theta] = {}
+    for d in plan.domains:
+        name = where[d.id]
+        lo, hi = observer.lo.get(name, 0.0), observer.hi.get(name, 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise CalibrationError(
+                f"domain {d.id} (dominator {d.dominator}, node {name}): calibration produced "
+                f"a non-finite range [{lo}, {hi}]")
+        thetas[d.id] = codec.learn(lo, hi)
+    return thetas
+
+
+def random_calibration(example_inputs: Sequence[torch.Tensor], n: int = 4, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
+    """Seeded random inputs shaped like the examples (used when the user gives none)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        out.append(tuple(
+            torch.randn(t.shape, generator=gen, dtype=t.dtype) if t.dtype.is_floating_point
+            else t.clone() for t in example_inputs))
+    return out

@@ -1,0 +1,112 @@
+"""CodecTosaPartitioner: Arm's operator support, non-local codec placement, calibration."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from torch.export import ExportedProgram
+
+from codec_tosa import arm_adapter
+from codec_tosa.backend import CodecTosaBackend
+from codec_tosa.codecs.base import Theta
+from codec_tosa.codecs.calibration import learn_thetas, random_calibration
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement import Placement, place
+from codec_tosa.placement.materialize import constant_names
+from codec_tosa.plan_meta import write_plan_meta
+from codec_tosa.provenance import provenance_specs
+from codec_tosa.spec import CodecSpec
+
+BACKEND_ID = CodecTosaBackend.__name__  # ExecuTorch finds backends by class name
+
+
+class CodecTosaPartitioner(Partitioner):
+    """Use like Arm's TOSAPartitioner: ``to_edge_transform_and_lower(ep, partitioner=[...])``.
+
+    `calibration` is a list of input tuples; without it, seeded random inputs
+    shaped like the program's inputs are used (with a warning).
+    """
+
+    def __init__(self, spec: CodecSpec | None = None,
+                 calibration: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
+        self.codec_spec = spec or CodecSpec()
+        self.calibration = [tuple(c) for c in calibration] if calibration is not None else None
+        self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
+        self._arm = arm_adapter.stock_partitioner(self.arm_spec)
+        self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
+        self._real_state: dict[str, torch.Tensor] = {}
+        self.last_placement: Placement | None = None
+        self.last_thetas: dict[int, Theta] = {}
+
+    # Arm's hooks, so that to_edge_transform_and_lower prepares the graph as for Arm.
+    # They are also the only places that see the real weights: ExecuTorch hands
+    # `partition` a program whose state dict is FakeTensors, so we keep the real
+    # tensors (by their fully qualified names) for calibration.
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        out = self._arm.transform_for_pre_decomposition(exported_program)
+        self._real_state.update(out.state_dict)
+        return out
+
+    def ops_to_not_decompose(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        self._real_state.update(ep.state_dict)
+        return self._arm.ops_to_not_decompose(ep)
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
+        ep = arm_result.tagged_exported_program
+        graph = PortGraph.from_fx(ep.graph_module, constant_names(ep))
+        # operators left on the CPU run FP32, so partition boundaries are plain
+        plain_ops = [op for op in range(graph.num_ops)
+                     if "delegation_tag" not in graph.fx_op_node[op].meta]  # type: ignore[union-attr]
+        table = self.codec_spec.commutation_table
+        result = place(graph, table, self.codec_spec.policy, self.codec_spec.placement,
+                       fused_transcode=self.codec_spec.fused_transcode, plain_ops=plain_ops)
+        thetas = learn_thetas(ep, graph, result.plan, self._calibration(ep),
+                              real_state=self._real_state) if result.plan.domains else {}
+        write_plan_meta(graph, result.semantics, result.plan, thetas)
+        self.last_placement, self.last_thetas = result, thetas
+
+        specs = list(self.delegation_spec.compile_specs) + provenance_specs(
+            self.codec_spec, plan_json(graph, result, thetas))
+        delegation = DelegationSpec(BACKEND_ID, specs)
+        tags = {tag: delegation for tag in arm_result.partition_tags}
+        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+    def _calibration(self, ep: ExportedProgram) -> list[tuple[torch.Tensor, ...]]:
+        if self.calibration is not None:
+            return self.calibration
+        warnings.warn("CodecTosaPartitioner: no calibration inputs given; using seeded random "
+                      "inputs shaped like the example inputs", stacklevel=3)
+        examples = [n.meta["val"] for n in ep.graph.nodes
+                    if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+        return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
+
+
+def plan_json(graph: PortGraph, result: Placement, thetas: dict[int, Theta]) -> dict[str, Any]:
+    """A compact, deterministic description of the plan for the delegate's provenance."""
+    plan = result.plan
+    return {
+        "domains": [
+            {"id": d.id, "dominator": d.dominator,
+             **({"scale": thetas[d.id].scale, "zero_point": thetas[d.id].zero_point}
+                if d.id in thetas else {})}
+            for d in plan.domains
+        ],
+        "codecs": [c.to_json() for c in plan.codecs],
+    }
+
+
+def compile_spec_value(specs: Sequence[CompileSpec], key: str) -> str | None:
+    for s in specs:
+        if s.key == key:
+            return s.value.decode() if isinstance(s.value, bytes) else str(s.value)
+    return None
+
+
+__all__ = ["BACKEND_ID", "CodecTosaPartitioner", "compile_spec_value", "plan_json"]

@@ -1,0 +1,43 @@
+"""Provenance carried in the delegate's compile specs (and so in the .pte)."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Sequence
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+PREFIX = "codec_tosa."
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def provenance_specs(spec: Any, plan: dict[str, Any]) -> list[CompileSpec]:
+    """Versions, options and the plan; Arm's compile-spec parser ignores these keys."""
+    fields = {
+        "versions": json.dumps({p: _version(p) for p in
+                                ("codec_tosa", "executorch", "torch", "tosa-tools")}, sort_keys=True),
+        "spec": spec.dumps(),
+        "plan": json.dumps(plan, sort_keys=True, separators=(",", ":")),
+    }
+    return [CompileSpec(PREFIX + k, v.encode()) for k, v in fields.items()]
+
+
+def read_provenance(specs: Sequence[Any]) -> dict[str, Any]:
+    """Inverse of `provenance_specs` for compile specs read back from a .pte."""
+    out: dict[str, Any] = {}
+    for s in specs:
+        key = s.key if isinstance(s.key, str) else s.key.decode()
+        if key.startswith(PREFIX):
+            raw = s.value if isinstance(s.value, (bytes, bytearray)) else bytes(s.value)
+            out[key[len(PREFIX):]] = json.loads(raw.decode())
+        elif key == "tosa_spec":
+            raw = s.value if isinstance(s.value, (bytes, bytearray)) else bytes(s.value)
+            out["tosa_spec"] = raw.decode()
+    return out
