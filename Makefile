@@ -10,6 +10,7 @@ $(STAMP): requirements.txt constraints.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m codec_tosa.runtime.native build
 	touch $(STAMP)
 
 setup: $(STAMP)

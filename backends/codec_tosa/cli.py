@@ -73,11 +73,89 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _spec(args: argparse.Namespace):
+    from codec_tosa.commutation.table import CommutationTable
+    from codec_tosa.spec import CodecSpec
+
+    table = CommutationTable.from_json(args.table) if args.table else None
+    return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
+                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from codec_tosa.compiler import compile_model
+
+    result = compile_model(args.model, _spec(args), args.out)
+    print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
+          f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import torch
+
+    from codec_tosa.runtime.validate import validate
+
+    inputs = None
+    if args.inputs:
+        import numpy as np
+
+        data = np.load(args.inputs)
+        inputs = [torch.from_numpy(data[k]) for k in sorted(data.files) if k.startswith("input_")]
+    elif args.model:
+        from codec_tosa.loading import load_and_export
+
+        inputs = list(load_and_export(args.model).inputs)
+    v = validate(args.pte, inputs=inputs)
+    print("\n".join(v.lines()))
+    return 0 if v.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import json
+
+    from codec_tosa.runtime.validate import delegate_payload, delegate_provenance, read_pte
+    from codec_tosa.serialization.tosa_stats import tosa_stats
+
+    data = read_pte(args.pte)
+    stats = tosa_stats(delegate_payload(data, args.pte))
+    prov = delegate_provenance(data)
+    print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
+    print(f"versions: {prov.get('versions')}")
+    print(f"spec: {prov.get('spec')}; TOSA {prov.get('tosa_spec')}")
+    plan = prov.get("plan", {})
+    print(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
+    print(f"TOSA operators: {stats.operators} ({stats.const_ops} CONST, {stats.const_shape_ops} CONST_SHAPE, "
+          f"{stats.const_bytes + stats.const_shape_bytes} constant bytes)")
+    print(_table(["operator", "count", "traffic MiB"],
+                 [(k, v, stats.traffic_by_op.get(k, 0) / 2**20)
+                  for k, v in sorted(stats.operators_by_type.items(), key=lambda kv: -kv[1])]))
+    print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / 2**20:.4g} MiB")
+    rep = Path(args.pte).with_name("report.json")
+    if rep.is_file():
+        modeled = json.loads(rep.read_text()).get("modeled")
+        if modeled:
+            print(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
+                  f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
     print(f"== codec-tosa analyze {DEFAULT_MODEL} (every policy and placement)")
     ns = argparse.Namespace(model=DEFAULT_MODEL, policy=None, placement=None, fused_transcode=False,
                             json=None, table=None, top=10)
-    return cmd_analyze(ns)
+    cmd_analyze(ns)
+    out = Path(args.out or tempfile.mkdtemp(prefix="codec-tosa-demo-"))
+    print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
+    cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
+                                   tosa=None, fused_transcode=False, no_pool=False, table=None, out=out))
+    print(f"\n== codec-tosa validate {out / 'model.pte'}")
+    status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None))
+    print(f"\n== codec-tosa report {out / 'model.pte'}")
+    cmd_report(argparse.Namespace(pte=str(out / "model.pte")))
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +173,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the full analyses to this JSON file")
     p.set_defaults(func=cmd_analyze)
 
-    d = sub.add_parser("demo", help="run the main job on the built-in default model")
+    c = sub.add_parser("compile", help="compile a model to a .pte with a CodecTosaBackend delegate")
+    c.add_argument("model", help="built-in model name or path/to/file.py:function")
+    c.add_argument("--policy", choices=DEFAULT_ORDER, default="W")
+    c.add_argument("--placement", choices=PLACEMENTS, default="nonlocal+coalesce")
+    c.add_argument("--tosa", help="TOSA spec (default TOSA-1.0+INT+FP; TOSA-1.0+FP for policy Z)")
+    c.add_argument("--fused-transcode", action="store_true")
+    c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
+    c.add_argument("--table", help="a user commutation table (JSON)")
+    c.add_argument("-o", "--out", default="out", help="output directory")
+    c.set_defaults(func=cmd_compile)
+
+    v = sub.add_parser("validate", help="run a .pte on the TOSA reference model and in the runtime")
+    v.add_argument("pte")
+    v.add_argument("--model", help="rebuild the model's example inputs")
+    v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
+    v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegate")
+    r.add_argument("pte")
+    r.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("demo", help="analyze, compile, validate and report the built-in default model")
+    d.add_argument("-o", "--out", help="output directory (default: a temporary one)")
     d.set_defaults(func=cmd_demo)
     for register in _extensions():
         register(sub)
@@ -119,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         return int(args.func(args) or 0)
-    except (CliError, ValueError, FileNotFoundError) as e:
+    except (CliError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import copy
 from typing import Any, Callable, Sequence
 
 import torch
@@ -40,6 +41,8 @@ class CodecTosaPartitioner(Partitioner):
         self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
         self._real_state: dict[str, torch.Tensor] = {}
         self.last_placement: Placement | None = None
+        self.last_placement_graph: PortGraph | None = None
+        self.last_program: ExportedProgram | None = None  # the planned edge program, real weights
         self.last_thetas: dict[int, Theta] = {}
 
     # Arm's hooks, so that to_edge_transform_and_lower prepares the graph as for Arm.
@@ -71,6 +74,8 @@ class CodecTosaPartitioner(Partitioner):
                               real_state=self._real_state) if result.plan.domains else {}
         write_plan_meta(graph, result.semantics, result.plan, thetas)
         self.last_placement, self.last_thetas = result, thetas
+        self.last_placement_graph = graph
+        self.last_program = _real_copy(ep, self._real_state)
 
         specs = list(self.delegation_spec.compile_specs) + provenance_specs(
             self.codec_spec, plan_json(graph, result, thetas))
@@ -86,6 +91,28 @@ class CodecTosaPartitioner(Partitioner):
         examples = [n.meta["val"] for n in ep.graph.nodes
                     if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
+
+
+def _real_copy(ep: ExportedProgram, real_state: dict[str, torch.Tensor]) -> ExportedProgram:
+    """A copy of the planned program with real weights, for the PyTorch simulation."""
+    gm = copy.deepcopy(ep.graph_module)
+    state = {k: real_state.get(k, v) for k, v in ep.state_dict.items()}
+    return ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=copy.deepcopy(ep.graph_signature),
+        state_dict=state, range_constraints=copy.deepcopy(ep.range_constraints),
+        module_call_graph=copy.deepcopy(ep.module_call_graph), constants=dict(ep.constants),
+        verifiers=[ep.verifier])
+
+
+def simulate(program: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the plan in PyTorch: the materialised program (q/dq = fake quantisation) in eager."""
+    from codec_tosa.codecs.calibration import lifted_args
+    from codec_tosa.placement.materialize import materialize
+
+    sim = materialize(_real_copy(program, {}))
+    with torch.no_grad():
+        out = torch.fx.Interpreter(sim.graph_module).run(*lifted_args(sim, inputs))
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def plan_json(graph: PortGraph, result: Placement, thetas: dict[int, Theta]) -> dict[str, Any]:

@@ -118,6 +118,8 @@ def _default_rows() -> list[Row]:
         Row("aten.max_pool2d_with_indices.default", "W", ("self", "out.0"), (("self", "out.0"),)),
         _layout("aten.max_pool2d.default"),
     ]
+    # ExecuTorch's edge spelling of clone/contiguous (dim-order aware)
+    rows.append(_layout("dim_order_ops._clone_dim_order.default"))
     for name in _LAYOUT_OPS:
         rows.append(_layout(f"aten.{name}"))
         if name in _EDGE_COPY:
@@ -153,7 +155,7 @@ def _default_rows() -> list[Row]:
         "aten.arange.default", "aten.full.default", "aten.full_like.default",
         "aten.scalar_tensor.default", "aten.zeros.default", "aten.ones.default",
         "aten.empty.memory_format", "aten.copy.default", "aten.lift_fresh_copy.default",
-        "aten._assert_tensor_metadata.default",
+        "aten._assert_tensor_metadata.default", "dim_order_ops._to_dim_order_copy.default",
         "aten.scaled_dot_product_attention.default",
         "aten._scaled_dot_product_flash_attention_for_cpu.default",
     )
@@ -241,6 +243,8 @@ def operator_ports(target: str) -> tuple[list[str], int] | None:
     if len(parts) != 3:
         return None
     ns, name, overload = parts
+    if ns == "dim_order_ops":
+        import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (defines the namespace)
     try:
         op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (AttributeError, RuntimeError):

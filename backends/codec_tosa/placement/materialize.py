@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
 import torch.fx
 from executorch.backends.transforms.utils import (
     create_constant_placeholder,

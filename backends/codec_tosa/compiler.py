@@ -1,0 +1,157 @@
+"""`codec-tosa compile`: model -> model.pte, report.json and reference_io.npz."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+from tqdm import tqdm
+
+from codec_tosa.codecs.calibration import random_calibration
+from codec_tosa.loading import load_and_export
+from codec_tosa.spec import CodecSpec
+
+PTE = "model.pte"
+REPORT = "report.json"
+REFERENCE_IO = "reference_io.npz"
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    report: dict[str, Any]
+
+    @property
+    def pte(self) -> Path:
+        return self.out_dir / PTE
+
+
+@dataclass
+class Lowered:
+    pte: bytes
+    partitioner: Any  # CodecTosaPartitioner, with the plan it placed
+    lowering_s: float
+    serialisation_s: float
+
+
+def lower_program(program: ExportedProgram, spec: CodecSpec,
+                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from codec_tosa.partitioner import CodecTosaPartitioner
+
+    part = CodecTosaPartitioner(spec, calibration=calibration)
+    t = time.perf_counter()
+    edge = to_edge_transform_and_lower(program, partitioner=[part])
+    lowering = time.perf_counter() - t
+    t = time.perf_counter()
+    pte = edge.to_executorch().buffer
+    return Lowered(pte, part, lowering, time.perf_counter() - t)
+
+
+def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
+                  progress: bool = True) -> CompileResult:
+    """Export, partition (placement + calibration), lower and serialise; write the artefacts.
+
+    Everything is written to a temporary directory first and moved into
+    `out_dir` only when complete, so a failure leaves no partial artefact.
+    """
+    from codec_tosa.partitioner import BACKEND_ID, simulate
+
+    out = Path(out_dir)
+    steps = tqdm(total=4, desc="export", disable=not progress, leave=False)
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    loaded = load_and_export(model)
+    times["export_s"] = time.perf_counter() - t
+    steps.update()
+
+    steps.set_description("calibration + lowering + serialisation")
+    calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
+    lowered = lower_program(loaded.program, spec, calib)
+    pte, part = lowered.pte, lowered.partitioner
+    times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
+    steps.update(2)
+
+    steps.set_description("reference outputs")
+    with torch.no_grad():
+        eager = _as_list(loaded.module(*loaded.inputs))
+    simulated = simulate(part.last_program, loaded.inputs) if part.last_program is not None else eager
+    steps.update()
+    steps.close()
+
+    report: dict[str, Any] = {
+        "model": model,
+        "spec": spec.to_json(),
+        "backend_id": BACKEND_ID,
+        "pte_bytes": len(pte),
+        "times": times,
+    }
+    if part.last_placement is not None and part.last_placement_graph is not None:
+        from codec_tosa.traffic import MIB, measure
+
+        # the modeled traffic of the plan as placed on the edge graph
+        tr = measure(part.last_placement_graph, part.last_placement.semantics,
+                     part.last_placement.plan, spec.fused_transcode, per_op=False)
+        report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,
+                             "lower_bound_mib": tr.lower_bound_bytes / MIB,
+                             "storage_mib": tr.storage_bytes / MIB,
+                             "codec_items_m": tr.codec_items / 1e6,
+                             "domains": len(part.last_placement.plan.domains),
+                             "codecs": len(part.last_placement.plan.codecs)}
+
+    steps_per_output = _output_steps(part, eager)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
+    try:
+        (tmp / PTE).write_bytes(pte)
+        np.savez(tmp / REFERENCE_IO,
+                 **{f"input_{i}": x.detach().numpy() for i, x in enumerate(loaded.inputs)},
+                 **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
+                 **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
+                 **{f"step_{i}": np.float64(st) for i, st in enumerate(steps_per_output)})
+        (tmp / REPORT).write_text(json.dumps(report, indent=1))
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (PTE, REFERENCE_IO, REPORT):
+            (tmp / name).replace(out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CompileResult(out, report)
+
+
+def _output_steps(part: Any, eager: list[torch.Tensor]) -> list[float]:
+    """One quantisation step of each program output: the scale of the domain it is
+    decoded from, or its range / 255 when it is computed in FP32."""
+    from codec_tosa.graph import OUTPUT_OP
+
+    graph, placement = part.last_placement_graph, part.last_placement
+    steps = [float(e.max() - e.min()) / 255.0 if e.numel() else 0.0 for e in eager]
+    if graph is None or placement is None:
+        return steps
+    k = 0
+    for p in range(graph.num_in_ports):
+        if graph.in_op[p] == OUTPUT_OP:
+            d = placement.plan.value_domain[graph.in_value[p]]
+            if d >= 0 and d in part.last_thetas and k < len(steps):
+                steps[k] = max(steps[k], part.last_thetas[d].scale)
+            k += 1
+    return steps
+
+
+def _as_list(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    if hasattr(out, "values"):  # ModelOutput-like
+        return [t for t in out.values() if isinstance(t, torch.Tensor)]
+    raise TypeError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")

@@ -1,0 +1,389 @@
+// TosaProgram: TOSA flatbuffer -> tosa-tools serialization handler -> TOSA
+// reference model (TosaReference::IModelRunner).
+#include "tosa_program.h"
+
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "flatbuffers/verifier.h"
+#include "model_runner.h"
+#include "tosa_serialization_handler.h"
+
+namespace codec_tosa {
+namespace {
+
+// The reference model keeps its configuration in process globals
+// (g_func_config, g_func_debug) that every IModelRunner overwrites, so runs in
+// this library are serialised.
+std::mutex& run_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// Same settings as tosa_reference_model.run()'s defaults, so that this runtime
+// and the Python reference-model path compute bit-identical results. In
+// particular tosa_level NONE: level limits are a conformance check, not
+// semantics, and the library default (8K) would reject large models that the
+// Python path accepts.
+func_config_t reference_config() {
+  func_config_t config;
+  config.tosa_level = func_config_t::NONE;
+  config.precise_mode = 0;
+  config.bounds_mode = false;
+  config.eval = 1;
+  config.validate_only = 0;
+  config.output_tensors = 1;
+  config.dump_intermediates = 0;
+  return config;
+}
+
+bool to_element_type(tosa::DType dtype, ElementType* out) {
+  switch (dtype) {
+    case tosa::DType_FP32:
+      *out = ElementType::kFloat32;
+      return true;
+    case tosa::DType_INT8:
+      *out = ElementType::kInt8;
+      return true;
+    case tosa::DType_INT16:
+      *out = ElementType::kInt16;
+      return true;
+    case tosa::DType_INT32:
+      *out = ElementType::kInt32;
+      return true;
+    case tosa::DType_BOOL:
+      *out = ElementType::kBool;
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string shape_string(const std::vector<int32_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    out << (i ? ", " : "") << shape[i];
+  }
+  out << "]";
+  return out.str();
+}
+
+// Builds the boundary description of one named tensor of the main block.
+bool describe_tensor(
+    tosa::TosaSerializationBasicBlock& block,
+    const std::string& name,
+    TensorSpec* spec,
+    std::string* error) {
+  tosa::TosaSerializationTensor* tensor = block.GetTensorByName(name);
+  if (tensor == nullptr) {
+    *error = "main block names boundary tensor '" + name +
+        "' but declares no such tensor";
+    return false;
+  }
+  ElementType type;
+  if (!to_element_type(tensor->GetDtype(), &type)) {
+    *error = "boundary tensor '" + name + "' has TOSA dtype " +
+        tosa::EnumNameDType(tensor->GetDtype()) +
+        "; this runtime exchanges only FP32, INT8, INT16, INT32 and BOOL";
+    return false;
+  }
+  size_t numel = 1;
+  std::vector<int64_t> shape;
+  for (int32_t dim : tensor->GetShape()) {
+    if (dim < 0) {
+      *error = "boundary tensor '" + name + "' has dynamic shape " +
+          shape_string(tensor->GetShape()) + "; only static shapes run here";
+      return false;
+    }
+    shape.push_back(dim);
+    numel *= static_cast<size_t>(dim);
+  }
+  *spec = TensorSpec{name, type, std::move(shape), numel,
+                     numel * element_size(type)};
+  return true;
+}
+
+// Loads a TOSA flatbuffer into a handler. `bytes` must have passed the
+// flatbuffers verifier: the handler itself does no bounds checking.
+bool load_handler(
+    const uint8_t* bytes,
+    size_t size,
+    tosa::TosaSerializationHandler* handler,
+    std::string* error) {
+  const tosa::tosa_err_t status = handler->LoadFileTosaFlatbuffer(bytes, size);
+  if (status != tosa::TOSA_OK) {
+    *error = "tosa serialization library rejected the payload (tosa_err_t " +
+        std::to_string(static_cast<int>(status)) + ")";
+    return false;
+  }
+  tosa::TosaSerializationRegion* region = handler->GetMainRegion();
+  if (region == nullptr || region->GetBlocks().empty()) {
+    *error = "TOSA payload has no main region/block";
+    return false;
+  }
+  return true;
+}
+
+template <typename T>
+bool set_input(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    const void* data) {
+  const T* typed = static_cast<const T*>(data);
+  std::vector<T> values(typed, typed + spec.numel);
+  return runner.setInput<T>(spec.name, values) == 0;
+}
+
+// std::vector<bool> is bit-packed, so BOOL goes element by element; ExecuTorch
+// stores one byte per bool.
+template <>
+bool set_input<bool>(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    const void* data) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  std::vector<bool> values(spec.numel);
+  for (size_t i = 0; i < spec.numel; ++i) {
+    values[i] = bytes[i] != 0;
+  }
+  return runner.setInput<bool>(spec.name, values) == 0;
+}
+
+template <typename T>
+bool get_output(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    void* data) {
+  std::vector<T> values = runner.getOutput<T>(spec.name);
+  if (values.size() != spec.numel) {
+    return false;
+  }
+  std::memcpy(data, values.data(), spec.nbytes);
+  return true;
+}
+
+template <>
+bool get_output<bool>(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    void* data) {
+  std::vector<bool> values = runner.getOutput<bool>(spec.name);
+  if (values.size() != spec.numel) {
+    return false;
+  }
+  uint8_t* bytes = static_cast<uint8_t*>(data);
+  for (size_t i = 0; i < spec.numel; ++i) {
+    bytes[i] = values[i] ? 1 : 0;
+  }
+  return true;
+}
+
+bool set_input_any(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    const void* data) {
+  switch (spec.type) {
+    case ElementType::kFloat32:
+      return set_input<float>(runner, spec, data);
+    case ElementType::kInt8:
+      return set_input<int8_t>(runner, spec, data);
+    case ElementType::kInt16:
+      return set_input<int16_t>(runner, spec, data);
+    case ElementType::kInt32:
+      return set_input<int32_t>(runner, spec, data);
+    case ElementType::kBool:
+      return set_input<bool>(runner, spec, data);
+  }
+  return false;
+}
+
+bool get_output_any(
+    TosaReference::IModelRunner& runner,
+    const TensorSpec& spec,
+    void* data) {
+  switch (spec.type) {
+    case ElementType::kFloat32:
+      return get_output<float>(runner, spec, data);
+    case ElementType::kInt8:
+      return get_output<int8_t>(runner, spec, data);
+    case ElementType::kInt16:
+      return get_output<int16_t>(runner, spec, data);
+    case ElementType::kInt32:
+      return get_output<int32_t>(runner, spec, data);
+    case ElementType::kBool:
+      return get_output<bool>(runner, spec, data);
+  }
+  return false;
+}
+
+const char* graph_status_name(GraphStatus status) {
+  switch (status) {
+    case GraphStatus::TOSA_VALID:
+      return "VALID";
+    case GraphStatus::TOSA_UNPREDICTABLE:
+      return "UNPREDICTABLE";
+    case GraphStatus::TOSA_ERROR:
+      return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace
+
+const char* element_type_name(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+      return "FP32";
+    case ElementType::kInt8:
+      return "INT8";
+    case ElementType::kInt16:
+      return "INT16";
+    case ElementType::kInt32:
+      return "INT32";
+    case ElementType::kBool:
+      return "BOOL";
+  }
+  return "?";
+}
+
+size_t element_size(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+    case ElementType::kInt32:
+      return 4;
+    case ElementType::kInt16:
+      return 2;
+    case ElementType::kInt8:
+    case ElementType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
+struct TosaProgram::Impl {
+  // Parsed once; owns deep copies of everything in the payload (constants
+  // included), so ExecuTorch may free the delegate blob after init. The
+  // reference model only reads it: SubgraphTraverser copies constant data out
+  // of the handler when it allocates tensors.
+  tosa::TosaSerializationHandler handler;
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+};
+
+TosaProgram::TosaProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TosaProgram::~TosaProgram() = default;
+
+const std::vector<TensorSpec>& TosaProgram::inputs() const {
+  return impl_->inputs;
+}
+const std::vector<TensorSpec>& TosaProgram::outputs() const {
+  return impl_->outputs;
+}
+
+std::unique_ptr<TosaProgram> TosaProgram::parse(
+    const void* data, size_t size, std::string* error) {
+  if (data == nullptr || size < 8) {
+    *error = "TOSA payload is empty or truncated (" + std::to_string(size) +
+        " bytes)";
+    return nullptr;
+  }
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+
+  // The serialization handler trusts its input; verify first so that a
+  // corrupt or foreign payload is an error, not a crash.
+  flatbuffers::Verifier verifier(bytes, size);
+  if (!tosa::VerifyTosaGraphBuffer(verifier)) {
+    *error = "payload is not a valid TOSA flatbuffer (identifier or "
+             "flatbuffers verification failed)";
+    return nullptr;
+  }
+
+  std::lock_guard<std::mutex> lock(run_mutex());
+  auto impl = std::make_unique<Impl>();
+  tosa::TosaSerializationHandler& handler = impl->handler;
+  if (!load_handler(bytes, size, &handler, error)) {
+    return nullptr;
+  }
+  tosa::TosaSerializationBasicBlock& block =
+      *handler.GetMainRegion()->GetBlocks()[0];
+  for (const std::string& name : block.GetInputs()) {
+    TensorSpec spec;
+    if (!describe_tensor(block, name, &spec, error)) {
+      return nullptr;
+    }
+    impl->inputs.push_back(std::move(spec));
+  }
+  for (const std::string& name : block.GetOutputs()) {
+    TensorSpec spec;
+    if (!describe_tensor(block, name, &spec, error)) {
+      return nullptr;
+    }
+    impl->outputs.push_back(std::move(spec));
+  }
+
+  // Let the reference model build and validate the graph now, so that an
+  // unsupported graph fails at program load rather than at the first run.
+  func_config_t config = reference_config();
+  func_debug_t debug;
+  TosaReference::IModelRunner runner(config, debug);
+  const GraphStatus status = runner.initialize(handler);
+  if (status != GraphStatus::TOSA_VALID) {
+    *error = std::string("TOSA reference model rejected the graph: ") +
+        graph_status_name(status);
+    return nullptr;
+  }
+  return std::unique_ptr<TosaProgram>(new TosaProgram(std::move(impl)));
+}
+
+bool TosaProgram::run(
+    const std::vector<const void*>& inputs,
+    const std::vector<void*>& outputs,
+    std::string* error) {
+  if (inputs.size() != impl_->inputs.size() ||
+      outputs.size() != impl_->outputs.size()) {
+    *error = "expected " + std::to_string(impl_->inputs.size()) +
+        " inputs and " + std::to_string(impl_->outputs.size()) +
+        " outputs, got " + std::to_string(inputs.size()) + " and " +
+        std::to_string(outputs.size());
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(run_mutex());
+
+  // A fresh runner per run: the reference model's graph traverser is not
+  // designed to be re-evaluated (each node is scheduled once, as its inputs
+  // become ready), and building it costs little next to evaluating it.
+  func_config_t config = reference_config();
+  func_debug_t debug;
+  TosaReference::IModelRunner runner(config, debug);
+  GraphStatus status = runner.initialize(impl_->handler);
+  if (status != GraphStatus::TOSA_VALID) {
+    *error = std::string("reference model initialisation failed: ") +
+        graph_status_name(status);
+    return false;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!set_input_any(runner, impl_->inputs[i], inputs[i])) {
+      *error = "reference model refused input '" + impl_->inputs[i].name + "'";
+      return false;
+    }
+  }
+  status = runner.run();
+  if (status != GraphStatus::TOSA_VALID) {
+    *error = std::string("reference model run finished with status ") +
+        graph_status_name(status);
+    return false;
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!get_output_any(runner, impl_->outputs[i], outputs[i])) {
+      *error = "could not read output '" + impl_->outputs[i].name +
+          "' from the reference model";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace codec_tosa

@@ -1,0 +1,190 @@
+"""Validate a .pte two independent ways: its TOSA delegate on the reference model,
+and the whole program in the ExecuTorch runtime (C++ CodecTosaBackend).
+
+Pass criteria (issue 4): the two ways agree exactly; policy Z matches eager to
+1e-4 relative; a compressed policy matches the PyTorch simulation of its plan
+to within one quantisation step of each output (the scale of the domain it is
+decoded from, as compile records it; else the output's range / 255),
+and its SQNR against FP32 eager is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from codec_tosa.partitioner import BACKEND_ID
+
+Z_RTOL = 1e-4
+
+
+class ValidationError(ValueError):
+    """The .pte or its inputs are unusable (one line, names the file and reason)."""
+
+
+@dataclass
+class OutputCheck:
+    index: int
+    ref_vs_runtime_max_abs: float
+    vs_expected_max_abs: float | None
+    tolerance: float | None
+    sqnr_db: float | None
+
+    @property
+    def ok(self) -> bool:
+        exact = self.ref_vs_runtime_max_abs == 0.0 or math.isnan(self.ref_vs_runtime_max_abs)
+        within = self.vs_expected_max_abs is None or self.vs_expected_max_abs <= (self.tolerance or 0.0)
+        return exact and within
+
+
+@dataclass
+class Validation:
+    pte: str
+    policy: str
+    expected: str  # "eager", "simulation" or "none"
+    reference_model_ran: bool
+    outputs: list[OutputCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.pte}: policy {self.policy}, compared against {self.expected}"]
+        for o in self.outputs:
+            exp = ("" if o.vs_expected_max_abs is None else
+                   f", |out - {self.expected}| max {o.vs_expected_max_abs:.3g} (tolerance {o.tolerance:.3g})")
+            sq = "" if o.sqnr_db is None else f", SQNR vs FP32 eager {o.sqnr_db:.1f} dB"
+            out.append(f"  output {o.index}: reference model vs runtime max |diff| "
+                       f"{o.ref_vs_runtime_max_abs:.3g}{exp}{sq}: {'ok' if o.ok else 'FAIL'}")
+        out += [f"  note: {n}" for n in self.notes]
+        out.append("PASS" if self.ok else "FAIL")
+        return out
+
+
+def read_pte(path: str | Path) -> bytes:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ValidationError(f"{p}: cannot read ({e.strerror or e})") from None
+    from codec_tosa.runtime.executorch_runner import PteRunError, inspect_pte
+
+    try:
+        info = inspect_pte(data)
+    except PteRunError as e:
+        raise ValidationError(f"{p}: {e}") from None
+    if BACKEND_ID not in info.delegate_ids:
+        raise ValidationError(f"{p}: holds no {BACKEND_ID} delegate (delegates: {list(info.delegate_ids) or 'none'})")
+    return data
+
+
+def delegate_payload(data: bytes, path: str | Path = "<bytes>") -> bytes:
+    from executorch.exir._serialize._program import _extract_delegate_payload
+
+    try:
+        payload = _extract_delegate_payload(data, BACKEND_ID)
+    except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
+        raise ValidationError(f"{path}: cannot extract the {BACKEND_ID} delegate: {e}") from None
+    if payload is None:
+        raise ValidationError(f"{path}: holds no {BACKEND_ID} delegate payload")
+    return bytes(payload)
+
+
+def delegate_provenance(data: bytes) -> dict[str, Any]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from codec_tosa.provenance import read_provenance
+
+    program = deserialize_pte_binary(data)
+    program = getattr(program, "program", program)
+    for plan in program.execution_plan:
+        for d in plan.delegates:
+            if d.id == BACKEND_ID:
+                return read_provenance(d.compile_specs)
+    return {}
+
+
+def run_reference_model(payload: bytes, inputs: list[np.ndarray], path: str | Path) -> list[np.ndarray]:
+    import tosa_reference_model as trm
+
+    try:
+        outs, status = trm.run(payload, inputs)
+    except ValueError as e:
+        raise ValidationError(f"{path}: the TOSA reference model rejects the delegate: {e}") from None
+    if status != trm.GraphStatus.TOSA_VALID:
+        raise ValidationError(f"{path}: the TOSA reference model returned status {status}")
+    return list(outs)
+
+
+def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
+    noise = float(np.sum((signal.astype(np.float64) - approx.astype(np.float64)) ** 2))
+    power = float(np.sum(signal.astype(np.float64) ** 2))
+    return math.inf if noise == 0 else 10 * math.log10(max(power, 1e-30) / noise)
+
+
+def validate(pte: str | Path, reference_io: str | Path | None = None,
+             inputs: list[torch.Tensor] | None = None) -> Validation:
+    """Validate `pte`; `reference_io` is compile's npz (default: beside the .pte, if present)."""
+    from codec_tosa.runtime.executorch_runner import PteRunError, run_pte
+
+    data = read_pte(pte)
+    payload = delegate_payload(data, pte)
+    prov = delegate_provenance(data)
+    policy = prov.get("spec", {}).get("policy", "?")
+    io_path = Path(reference_io) if reference_io else Path(pte).with_name("reference_io.npz")
+    io = dict(np.load(io_path)) if io_path.is_file() else {}
+    if inputs is None:
+        if not io:
+            raise ValidationError(f"{pte}: no inputs: give --inputs or keep reference_io.npz beside it")
+        inputs = [torch.from_numpy(io[f"input_{i}"]) for i in range(sum(k.startswith("input_") for k in io))]
+    result = Validation(str(pte), policy, "none", reference_model_ran=False)
+
+    try:
+        runtime_outs = [t.detach().numpy() for t in run_pte(data, inputs)]
+    except PteRunError as e:
+        raise ValidationError(f"{pte}: {e}") from None
+    try:
+        ref_outs = run_reference_model(payload, [t.numpy() for t in inputs], pte)
+        result.reference_model_ran = True
+    except ValidationError as e:
+        # a partially delegated program: the delegate's inputs are not the program's
+        ref_outs = []
+        result.notes.append(f"reference model not compared: {e}")
+
+    eager = [io[f"eager_{i}"] for i in range(len(runtime_outs))] if f"eager_0" in io else None
+    simulated = [io[f"simulated_{i}"] for i in range(len(runtime_outs))] if "simulated_0" in io else None
+    reference = policy == "Z"
+    expected = eager if reference else simulated
+    result.expected = ("eager" if reference else "simulation") if expected is not None else "none"
+    if expected is None:
+        result.notes.append("no eager reference was available: checked only that the reference model "
+                            "and the runtime agree")
+    for i, out in enumerate(runtime_outs):
+        ref = ref_outs[i] if i < len(ref_outs) else None
+        diff = float(np.max(np.abs(ref.reshape(out.shape) - out))) if ref is not None and out.size else (
+            0.0 if ref is not None else math.nan)
+        exp_diff = tol = sq = None
+        if expected is not None:
+            e = expected[i].reshape(out.shape)
+            exp_diff = float(np.max(np.abs(e - out))) if out.size else 0.0
+            span = float(np.max(np.abs(e))) if e.size else 0.0
+            if reference:
+                tol = Z_RTOL * max(span, 1e-12)
+            elif f"step_{i}" in io:  # the scale of the domain the output is decoded from
+                tol = float(io[f"step_{i}"])
+            else:
+                tol = float(e.max() - e.min()) / 255.0 if e.size else 0.0
+            if not reference:
+                # "one step" compared in float32: allow the rounding of the subtraction
+                tol += 4 * float(np.finfo(np.float32).eps) * span
+        if eager is not None:
+            sq = sqnr_db(eager[i].reshape(out.shape), out)
+        result.outputs.append(OutputCheck(i, diff, exp_diff, tol, sq))
+    return result

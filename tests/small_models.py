@@ -1,0 +1,36 @@
+"""Small models for the backend tests (seconds to lower, every structure the placement cares about)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvCatReshape(nn.Module):
+    """conv -> split -> conv on one half -> cat -> channel shuffle -> conv -> relu -> linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.branch = nn.Conv2d(4, 4, 1)
+        self.mix = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        a, b = y.chunk(2, dim=1)
+        y = torch.cat([a, self.branch(b)], dim=1)
+        n, c, h, w = y.shape
+        y = y.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        y = torch.relu(self.mix(y))
+        return self.head(y.flatten(1))
+
+
+def conv_cat_reshape(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvCatReshape().eval(), (torch.randn(1, 3, 4, 4),)
+
+
+def calibration(example: tuple[torch.Tensor, ...], n: int = 3) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(1)
+    return [example] + [tuple(torch.randn(t.shape, generator=g) for t in example) for _ in range(n)]
