@@ -95,11 +95,8 @@ MODELS = {
 
 
 def _table() -> CommutationTable:
-    # The edge dialect spells `clone` as dim_order_ops._clone_dim_order (what
-    # `reshape` after `permute` becomes); the default table lacks that row, so
-    # the channel shuffle would be cut in two domains. Added here, test-local.
-    clone = Row("dim_order_ops._clone_dim_order.default", "W", ("self", "out"), (("self", "out"),))
-    return CommutationTable.from_rows([*CommutationTable.default().rows.values(), clone])
+    # the default table has the edge spelling of clone (dim_order_ops._clone_dim_order)
+    return CommutationTable.default()
 
 
 def _edge(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], keep_linear: bool = True) -> ExportedProgram:

@@ -96,15 +96,30 @@ class Analysis:
         return json.dumps(d, indent=1)
 
 
-def port_graph(program: ExportedProgram | torch.fx.GraphModule) -> PortGraph:
-    """The port view of a program; an ExportedProgram not yet in edge dialect is
-    decomposed to core ATen first."""
+def prepare_program(program: ExportedProgram, fold_batch_norm: bool = False) -> tuple[ExportedProgram, dict[str, int]]:
+    """The program the analysis sees (a new one): core ATen, RMSNorm and rotary
+    embeddings as standalone operators and, with `fold_batch_norm`, inference
+    batch norms folded into their convolutions as the partitioner folds them.
+    Folding is off by default: the published figures count the exported graph,
+    batch norms included. Returns the program with what was rewritten."""
+    from codec_tosa.fold_batch_norm import fold_batch_norms
+    from codec_tosa.standalone_ops import fuse_standalone_ops
+
+    ep = program.run_decompositions()
+    counts = {"batch_norm": fold_batch_norms(ep) if fold_batch_norm else 0}
+    report = fuse_standalone_ops(ep)
+    counts.update(rms_norm=len(report.rms_norm), rope=len(report.rope))
+    return ep, counts
+
+
+def port_graph(program: ExportedProgram | torch.fx.GraphModule, fold_batch_norm: bool = False,
+               prepared: bool = False) -> PortGraph:
+    """The port view of a program. An ExportedProgram not in edge dialect goes
+    through `prepare_program` first unless `prepared` says it already did."""
     if isinstance(program, ExportedProgram):
-        if not _is_edge(program.graph_module):
-            program = program.run_decompositions()
-        sig = program.graph_signature
-        consts = [*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants]
-        return PortGraph.from_fx(program.graph_module, consts)
+        if not prepared and not _is_edge(program.graph_module):
+            program, _ = prepare_program(program, fold_batch_norm)
+        return PortGraph.from_program(program)
     if isinstance(program, torch.fx.GraphModule):
         return PortGraph.from_fx(program)
     raise TypeError(f"analyze: expected an ExportedProgram or a GraphModule, got {type(program).__name__}")
@@ -123,12 +138,15 @@ def analyze(
     fused_transcode: bool = False,
     table: CommutationTable | None = None,
     verify: bool = False,
+    fold_batch_norm: bool = False,
 ) -> Analysis:
     """Place codecs and measure storage, traffic and codec items.
 
-    `verify=True` also runs the independent absolute-dominator check.
+    `verify=True` also runs the independent absolute-dominator check;
+    `fold_batch_norm=True` analyses the graph the partitioner compiles (batch
+    norms folded into convolutions) instead of the exported one.
     """
-    graph = program if isinstance(program, PortGraph) else port_graph(program)
+    graph = program if isinstance(program, PortGraph) else port_graph(program, fold_batch_norm)
     table = table or CommutationTable.default()
     result = place(graph, table, policy, placement, verify=verify, fused_transcode=fused_transcode)
     if result.semantics.missing:

@@ -145,10 +145,9 @@ def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
         graph_module = pipeline(self, *args, **kwargs)
         started = time.perf_counter()
         removed = dedup_const_shapes(graph_module, target)
-        stats = getattr(serializer, "stats", None)
-        if stats is not None and hasattr(stats, "const_shapes_deduplicated"):
-            stats.const_shapes_deduplicated += removed
-            stats.seconds += time.perf_counter() - started
+        record = getattr(serializer, "record_const_shape_dedup", None)
+        if record is not None:
+            record(removed, time.perf_counter() - started)
         return graph_module
 
     with _patched(ArmPassManager, "transform_to_backend_pipeline", pipeline_then_dedup):

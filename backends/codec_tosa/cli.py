@@ -42,7 +42,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for p in policies:
         table.order.rank(p)
     loaded = load_and_export(args.model)
-    graph = port_graph(loaded.program)  # one export and one port view for every variant
+    graph = port_graph(loaded.program, args.fold_bn)  # one port view for every variant
     results = [analyze(graph, p, pl, args.fused_transcode, table=table)
                for p in policies for pl in placements]
     print(f"model {args.model}: {graph.num_ops} operators, {graph.num_values} values")
@@ -145,7 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     print(f"== codec-tosa analyze {DEFAULT_MODEL} (every policy and placement)")
     ns = argparse.Namespace(model=DEFAULT_MODEL, policy=None, placement=None, fused_transcode=False,
-                            json=None, table=None, top=10)
+                            json=None, table=None, top=10, fold_bn=True)
     cmd_analyze(ns)
     out = Path(args.out or tempfile.mkdtemp(prefix="codec-tosa-demo-"))
     print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="count a transcode as one int8->int8 RESCALE")
     p.add_argument("--table", help="a user commutation table (JSON)")
     p.add_argument("--top", type=int, default=0, help="print the N operators with most traffic")
+    p.add_argument("--fold-bn", action="store_true",
+                   help="fold batch norms into convolutions first, as the compiler does "
+                        "(default: the exported graph, as the published figures count it)")
     p.add_argument("--json", help="write the full analyses to this JSON file")
     p.set_defaults(func=cmd_analyze)
 

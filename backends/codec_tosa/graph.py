@@ -125,6 +125,11 @@ class PortGraph:
 
     # ---- construction from FX -----------------------------------------
     @classmethod
+    def from_program(cls, ep: Any) -> "PortGraph":
+        """View an ExportedProgram's graph as it is (no decomposition)."""
+        return cls.from_fx(ep.graph_module, program_constants(ep))
+
+    @classmethod
     def from_fx(
         cls,
         gm: torch.fx.GraphModule,
@@ -193,6 +198,9 @@ class PortGraph:
                 inputs.append((key, value_of[arg], FxUse(node, key, None)))
 
         val = node.meta.get("val")
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and not schema.returns:
+            return value_of, multi_of  # an assertion or other side effect: no ports, no traffic
         if isinstance(val, (list, tuple)):
             outs = [_tensor_meta(node, v) for v in val]
             if any(s is None for s, _ in outs):
@@ -210,6 +218,12 @@ class PortGraph:
                           outputs=[(shape, dtype)], fx_node=node, fx_uses=[u for _, _, u in inputs])
             value_of[node] = vid
         return value_of, multi_of
+
+
+def program_constants(ep: Any) -> list[str]:
+    """Placeholders of an ExportedProgram holding parameters, buffers and lifted constants."""
+    sig = ep.graph_signature
+    return [*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants]
 
 
 def _argument_names(node: torch.fx.Node) -> list[str]:

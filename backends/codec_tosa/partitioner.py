@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
 import copy
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,9 +15,9 @@ from codec_tosa import arm_adapter
 from codec_tosa.backend import CodecTosaBackend
 from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.calibration import learn_thetas, random_calibration
+from codec_tosa.fold_batch_norm import fold_batch_norms
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import Placement, place
-from codec_tosa.placement.materialize import constant_names
 from codec_tosa.plan_meta import write_plan_meta
 from codec_tosa.provenance import provenance_specs
 from codec_tosa.spec import CodecSpec
@@ -51,6 +51,7 @@ class CodecTosaPartitioner(Partitioner):
     # tensors (by their fully qualified names) for calibration.
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         out = self._arm.transform_for_pre_decomposition(exported_program)
+        fold_batch_norms(out)  # as the analysis does: conv+BN is one compressible operator
         self._real_state.update(out.state_dict)
         return out
 
@@ -63,7 +64,7 @@ class CodecTosaPartitioner(Partitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
-        graph = PortGraph.from_fx(ep.graph_module, constant_names(ep))
+        graph = PortGraph.from_program(ep)
         # operators left on the CPU run FP32, so partition boundaries are plain
         plain_ops = [op for op in range(graph.num_ops)
                      if "delegation_tag" not in graph.fx_op_node[op].meta]  # type: ignore[union-attr]

@@ -117,6 +117,9 @@ def _default_rows() -> list[Row]:
         _layout("aten.constant_pad_nd.default"),
         Row("aten.max_pool2d_with_indices.default", "W", ("self", "out.0"), (("self", "out.0"),)),
         _layout("aten.max_pool2d.default"),
+        # nearest upsampling copies values: it moves codes without looking at them
+        _layout("aten.upsample_nearest2d.vec", "input"),
+        _layout("aten.upsample_nearest2d.default"),
     ]
     # ExecuTorch's edge spelling of clone/contiguous (dim-order aware)
     rows.append(_layout("dim_order_ops._clone_dim_order.default"))
@@ -147,8 +150,7 @@ def _default_rows() -> list[Row]:
         "aten._log_softmax.default", "aten._safe_softmax.default", "aten.mean.dim",
         "aten.mean.default", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default",
         "aten.var.correction", "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
-        "aten.adaptive_avg_pool2d.default", "aten.upsample_nearest2d.vec",
-        "aten.upsample_nearest2d.default", "aten.upsample_bilinear2d.vec",
+        "aten.adaptive_avg_pool2d.default", "aten.upsample_bilinear2d.vec",
         # type conversion, indexing, constants
         "aten._to_copy.default", "aten.embedding.default", "aten.index.Tensor",
         "aten.index_select.default", "aten.gather.default", "aten.arange.start_step",
@@ -158,6 +160,8 @@ def _default_rows() -> list[Row]:
         "aten._assert_tensor_metadata.default", "dim_order_ops._to_dim_order_copy.default",
         "aten.scaled_dot_product_attention.default",
         "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        # codec_tosa's standalone operators (standalone_ops.py)
+        "codec_tosa.rms_norm.default", "codec_tosa.rope.default",
     )
     return rows
 
@@ -245,6 +249,8 @@ def operator_ports(target: str) -> tuple[list[str], int] | None:
     ns, name, overload = parts
     if ns == "dim_order_ops":
         import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (defines the namespace)
+    elif ns == "codec_tosa":
+        import codec_tosa.standalone_ops  # noqa: F401  (defines the namespace)
     try:
         op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (AttributeError, RuntimeError):

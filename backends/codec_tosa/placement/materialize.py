@@ -89,7 +89,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
-from codec_tosa.graph import CONSTANT, FxUse, PortGraph, replace_fx_use
+from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, read_port_codecs
 
 _QD = exir_ops.edge.quantized_decomposed
@@ -135,10 +135,7 @@ class MaterializeStats:
     removed_constants: list[str] = field(default_factory=list)
 
 
-def constant_names(ep: ExportedProgram) -> list[str]:
-    """Placeholders holding parameters, buffers and lifted constants."""
-    sig = ep.graph_signature
-    return [*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.inputs_to_lifted_tensor_constants]
+constant_names = program_constants  # kept for callers of this module
 
 
 def materialize(edge_program: ExportedProgram) -> ExportedProgram:

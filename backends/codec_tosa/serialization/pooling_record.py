@@ -1,0 +1,44 @@
+"""Pooling statistics carried inside the .pte, next to the delegate they describe.
+
+A TOSA flatbuffer alone cannot say what pooling saved (the "before" graph is
+gone), so the backend stores `PoolingStats` as ExecuTorch named data
+(`PreprocessResult.data_store_output`), which `to_executorch` writes into the
+.pte. The key is derived from the delegate payload itself, so a reader finds
+the record of a delegate without knowing partition tags, and several
+delegates never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from executorch.exir._serialize._named_data_store import NamedDataStore, NamedDataStoreOutput
+
+from codec_tosa.serialization.pooled import PoolingStats
+
+PREFIX = "codec_tosa.pooling_stats."
+
+
+def record_key(payload: bytes) -> str:
+    """Named-data key of the pooling record of the delegate with this payload."""
+    return PREFIX + hashlib.sha256(payload).hexdigest()[:32]
+
+
+def pooling_record(stats: PoolingStats, payload: bytes) -> NamedDataStoreOutput:
+    """Named data to return from `preprocess` as `data_store_output`."""
+    store = NamedDataStore()
+    store.add_named_data(record_key(payload), stats.to_json(indent=None).encode())
+    return store.get_named_data_store_output()
+
+
+def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
+    """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
+    from executorch.exir._serialize import _deserialize_pte_binary as deserialize_pte_binary
+
+    named = deserialize_pte_binary(pte_bytes).named_data
+    if named is None:
+        return None
+    entry = named.pte_data.get(record_key(payload))
+    if entry is None:
+        return None
+    return PoolingStats.from_json(bytes(named.buffers[entry.buffer_index]).decode())

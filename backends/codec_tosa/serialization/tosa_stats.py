@@ -1,0 +1,239 @@
+"""Read a TOSA flatbuffer and count what is in it.
+
+The one place that turns TOSA flatbuffer bytes into numbers (operators,
+constants, tensors, traffic). It reads the flatbuffer with the generated
+`tosa` Python package shipped in tosa-tools, so it needs no serializer and
+works on any delegate payload, stock or ours.
+
+Traffic is the sum, over every operator that is not CONST or CONST_SHAPE, of
+the bytes of its input and output *tensors* at their TOSA dtypes (weights
+read by a CONV2D count; shape operands, which live in the block's shape table
+and are metadata, do not). Tensors with a dynamic dimension (-1) contribute
+nothing and are counted in `dynamic_tensors` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+from tosa.DType import DType
+from tosa.Op import Op
+from tosa.TosaGraph import TosaGraph
+
+CONST_OPS = ("CONST", "CONST_SHAPE")
+
+# Storage bits per element of each TOSA dtype (SHAPE elements are int64).
+_DTYPE_BITS: dict[int, int] = {
+    DType.BOOL: 8,
+    DType.INT4: 4,
+    DType.INT8: 8,
+    DType.INT16: 16,
+    DType.INT32: 32,
+    DType.INT48: 48,
+    DType.INT64: 64,
+    DType.FP32: 32,
+    DType.FP16: 16,
+    DType.BF16: 16,
+    DType.SHAPE: 64,
+    DType.FP8E4M3: 8,
+    DType.FP8E5M2: 8,
+    DType.FP8UE8M0: 8,
+    DType.FP6E2M3: 6,
+    DType.FP6E3M2: 6,
+    DType.FP4E2M1: 4,
+    DType.MXINT8: 8,
+}
+
+_OP_NAMES: dict[int, str] = {
+    value: name for name, value in vars(Op).items() if not name.startswith("_")
+}
+_DTYPE_NAMES: dict[int, str] = {
+    value: name for name, value in vars(DType).items() if not name.startswith("_")
+}
+
+
+def op_name(code: int) -> str:
+    """TOSA operator name for an opcode (``UNKNOWN_<n>`` if the schema lacks it)."""
+    return _OP_NAMES.get(code, f"UNKNOWN_{code}")
+
+
+def dtype_name(code: int) -> str:
+    return _DTYPE_NAMES.get(code, f"UNKNOWN_{code}")
+
+
+def tensor_nbytes(shape: list[int], dtype: int) -> int | None:
+    """Bytes of a tensor at its TOSA dtype; None when a dimension is dynamic."""
+    elements = 1
+    for dim in shape:
+        if dim < 0:
+            return None
+        elements *= dim
+    return (elements * _DTYPE_BITS.get(dtype, 8) + 7) // 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: list[int]
+    dtype: str
+    nbytes: int | None  # None: dynamic shape
+    data_bytes: int  # serialized payload (constants only)
+
+
+@dataclass(frozen=True)
+class OperatorInfo:
+    region: str
+    block: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    traffic_bytes: int  # 0 for CONST / CONST_SHAPE
+
+
+@dataclass
+class TosaStats:
+    """Counts for one TOSA flatbuffer."""
+
+    payload_bytes: int = 0
+    regions: int = 0
+    blocks: int = 0
+    operators: int = 0
+    operators_by_type: dict[str, int] = field(default_factory=dict)
+    const_ops: int = 0
+    const_bytes: int = 0  # serialized data of CONST outputs
+    const_shape_ops: int = 0
+    const_shape_bytes: int = 0  # serialized data of CONST_SHAPE outputs
+    tensors: int = 0
+    shapes: int = 0
+    dynamic_tensors: int = 0
+    traffic_bytes: int = 0
+    traffic_by_op: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def constant_bytes(self) -> int:
+        """CONST plus CONST_SHAPE data bytes."""
+        return self.const_bytes + self.const_shape_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TosaStats":
+        return cls(**json.loads(text))
+
+
+def _graph(buf: bytes) -> TosaGraph:
+    data = bytearray(buf)
+    try:
+        return TosaGraph.GetRootAs(data, 0)
+    except Exception as exc:  # flatbuffers raises assorted errors on garbage
+        raise ValueError(f"not a TOSA flatbuffer ({len(buf)} bytes): {exc}") from exc
+
+
+def _decode(name: bytes | None) -> str:
+    return name.decode() if name is not None else ""
+
+
+def _block_tensors(block) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for i in range(block.TensorsLength()):
+        t = block.Tensors(i)
+        shape = [int(d) for d in (t.ShapeAsNumpy() if t.ShapeLength() else [])]
+        name = _decode(t.Name())
+        tensors[name] = TensorInfo(
+            name=name,
+            shape=shape,
+            dtype=dtype_name(t.Type()),
+            nbytes=tensor_nbytes(shape, t.Type()),
+            data_bytes=t.DataLength(),
+        )
+    return tensors
+
+
+def _block_shapes(block) -> dict[str, int]:
+    """Shape-table entries of a block: name -> serialized data bytes."""
+    shapes: dict[str, int] = {}
+    for i in range(block.ShapesLength()):
+        s = block.Shapes(i)
+        shapes[_decode(s.Name())] = s.DataLength()
+    return shapes
+
+
+def _traffic(op: str, names: list[str], tensors: dict[str, TensorInfo]) -> int:
+    """Bytes an operator moves: its input and output tensors (0 for constants)."""
+    if op in CONST_OPS:
+        return 0
+    total = 0
+    for name in names:
+        info = tensors.get(name)
+        if info is not None and info.nbytes is not None:
+            total += info.nbytes
+    return total
+
+
+def _walk(graph: TosaGraph) -> Iterator[tuple[str, str, object]]:
+    for r in range(graph.RegionsLength()):
+        region = graph.Regions(r)
+        for b in range(region.BlocksLength()):
+            block = region.Blocks(b)
+            yield _decode(region.Name()), _decode(block.Name()), block
+
+
+def _operators(region: str, block_name: str, block, tensors) -> Iterator[OperatorInfo]:
+    for o in range(block.OperatorsLength()):
+        op = block.Operators(o)
+        name = op_name(op.Op())
+        inputs = [_decode(op.Inputs(i)) for i in range(op.InputsLength())]
+        outputs = [_decode(op.Outputs(i)) for i in range(op.OutputsLength())]
+        yield OperatorInfo(
+            region=region,
+            block=block_name,
+            op=name,
+            inputs=inputs,
+            outputs=outputs,
+            traffic_bytes=_traffic(name, inputs + outputs, tensors),
+        )
+
+
+def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
+    """Every operator of every block, in flatbuffer order, with its traffic."""
+    for region, block_name, block in _walk(_graph(buf)):
+        yield from _operators(region, block_name, block, _block_tensors(block))
+
+
+def tosa_stats(buf: bytes) -> TosaStats:
+    """Count operators, constants, tensors and traffic of a TOSA flatbuffer."""
+    graph = _graph(buf)
+    stats = TosaStats(payload_bytes=len(buf), regions=graph.RegionsLength())
+    by_type: Counter[str] = Counter()
+    traffic_by_op: Counter[str] = Counter()
+    for region, block_name, block in _walk(graph):
+        stats.blocks += 1
+        tensors = _block_tensors(block)
+        shapes = _block_shapes(block)
+        stats.tensors += len(tensors)
+        stats.shapes += len(shapes)
+        stats.dynamic_tensors += sum(1 for t in tensors.values() if t.nbytes is None)
+        for info in _operators(region, block_name, block, tensors):
+            by_type[info.op] += 1
+            if info.op == "CONST":
+                stats.const_ops += 1
+                stats.const_bytes += sum(
+                    tensors[n].data_bytes for n in info.outputs if n in tensors
+                )
+            elif info.op == "CONST_SHAPE":
+                stats.const_shape_ops += 1
+                stats.const_shape_bytes += sum(shapes.get(n, 0) for n in info.outputs)
+            else:
+                traffic_by_op[info.op] += info.traffic_bytes
+                stats.traffic_bytes += info.traffic_bytes
+    stats.operators = sum(by_type.values())
+    stats.operators_by_type = dict(sorted(by_type.items()))
+    stats.traffic_by_op = dict(sorted(traffic_by_op.items()))
+    return stats

@@ -1,0 +1,84 @@
+"""Transformer evaluation models: SmolVLM2-256M's SigLIP tower and SmolLM2 decoder."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from codec_tosa import model_libs
+
+Example = tuple[nn.Module, tuple[torch.Tensor, ...]]
+
+
+class _LastHidden(nn.Module):
+    """Return the last hidden state as a plain tensor (export-friendly output)."""
+
+    def __init__(self, inner: nn.Module, kwarg: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.kwarg = kwarg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(**{self.kwarg: x}).last_hidden_state
+
+
+def siglip(seed: int = 0) -> Example:
+    """SigLIP vision tower of SmolVLM2-256M, no pooling head, input (1, 3, 512, 512).
+
+    SiglipVisionModel rather than SmolVLM's own vision class: the latter
+    emits aten.bucketize (not core ATen) and computes the same for a full image.
+    """
+    model_libs.prepare()
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    config = SiglipVisionConfig(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        patch_size=16,
+        image_size=512,
+        hidden_act="gelu_pytorch_tanh",
+        vision_use_head=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = _LastHidden(SiglipVisionModel(config), "pixel_values").eval()
+        example = (torch.randn(1, 3, 512, 512),)
+    return model, example
+
+
+def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
+    """SmolLM2 text decoder of SmolVLM2-256M fed inputs_embeds (1, 128, 576).
+
+    No embedding table and no LM head: the model starts at the embeddings and
+    ends at the final RMSNorm. num_layers is for tests on a shallower copy.
+    """
+    model_libs.prepare()
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        vocab_size=1,  # the embedding table is deleted below
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=num_layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        inner = LlamaModel(config)
+        inner.embed_tokens = None
+        model = _LastHidden(inner, "inputs_embeds").eval()
+        example = (torch.randn(1, 128, 576),)
+    return model, example
