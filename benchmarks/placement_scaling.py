@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from codec_tosa.graph import GraphBuilder, PortGraph
 from codec_tosa.placement import COALESCE, place
 from codec_tosa.traffic import measure
 
-DISABLE_GC = os.environ.get("NOGC") == "1"
 SHAPE = (1, 16, 8, 8)
 CONV, CAT, VIEW, PERMUTE, RELU, ADD = (
     "aten.convolution.default", "aten.cat.default", "aten.view.default",
@@ -69,7 +67,6 @@ def run_one(n_ops: int) -> dict[str, float]:
     graph = synthetic(n_ops)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     gc.collect()
-    gc.disable() if DISABLE_GC else None
     t0 = time.perf_counter()
     result = place(graph, table, "W", COALESCE, labels=False)
     traffic = measure(graph, result.semantics, result.plan, per_op=False)

@@ -15,7 +15,7 @@ from codec_tosa import arm_adapter
 from codec_tosa.serialization.const_shape_dedup import dedup_const_shapes
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.serialization.reference_check import bit_identical, reference_inputs
-from codec_tosa.serialization.tosa_stats import iter_operators
+from codec_tosa.serialization.tosa_stats import iter_constants, iter_operators
 from pooling_support import (
     ATTENTION_INPUTS,
     BRANCH_INPUTS,
@@ -260,19 +260,26 @@ def test_helpers_are_pooled_per_block_in_control_flow(branches: Lowered) -> None
     assert branches.stats.helper_consts_reused == 3
 
 
-def test_graph_owned_constants_keep_their_names_and_bytes(conv_int8: Lowered) -> None:
-    stock = {o.outputs[0] for o in iter_operators(conv_int8.stock) if o.op == "CONST"}
-    pooled = {o.outputs[0] for o in iter_operators(conv_int8.pooled) if o.op == "CONST"}
-    program = conv_int8.program
-    owned = {
-        n.name
-        for n in program.graph.nodes
-        if n.op == "placeholder" and n.name not in program.graph_signature.user_inputs
-    }
-    # Every graph-owned constant of the stock graph is still there under its name.
-    stock_owned = {name for name in stock if any(name.startswith(o) for o in owned)}
-    assert stock_owned and stock_owned <= pooled
-    assert conv_int8.stats.graph_owned_consts >= len(stock_owned)
+@pytest.mark.parametrize("name", ALL)
+def test_only_duplicate_helpers_are_dropped_and_the_rest_is_untouched(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    lowered: Lowered = request.getfixturevalue(name)
+    stock = {(c.block, c.name): c for c in iter_constants(lowered.stock)}
+    pooled = {(c.block, c.name): c for c in iter_constants(lowered.pooled)}
+    # Every constant left keeps its name, dtype, shape and bytes.
+    assert set(pooled) <= set(stock)
+    for key, const in pooled.items():
+        assert (const.dtype, const.shape, const.data) == (
+            stock[key].dtype, stock[key].shape, stock[key].data)
+    # Every constant dropped has an identical twin kept in the same block.
+    kept = {(c.block, c.op, c.dtype, tuple(c.shape), c.data) for c in pooled.values()}
+    for key in set(stock) - set(pooled):
+        c = stock[key]
+        assert (c.block, c.op, c.dtype, tuple(c.shape), c.data) in kept, key
+    # What is left is the graph-owned constants plus one of each distinct helper.
+    stats = lowered.stats
+    assert len(pooled) == stats.graph_owned_consts + stats.helper_consts_emitted
 
 
 def test_pooled_lowering_is_deterministic(conv_int8: Lowered) -> None:

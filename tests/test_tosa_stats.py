@@ -8,6 +8,7 @@ from tosa.DType import DType
 
 from codec_tosa.serialization.tosa_stats import (
     TosaStats,
+    iter_constants,
     iter_operators,
     op_name,
     tensor_nbytes,
@@ -60,6 +61,18 @@ def test_operators_in_order_with_their_traffic() -> None:
         ("RESHAPE", ["y", "s"], ["z"], 32),
     ]
     assert {(o.region, o.block) for o in ops} == {("main", "main")}
+
+
+def test_constants_with_their_data() -> None:
+    import struct
+
+    consts = list(iter_constants(_hand_built()))
+    assert [(c.op, c.name, c.dtype, c.shape) for c in consts] == [
+        ("CONST", "c", "FP32", [1, 4]),
+        ("CONST_SHAPE", "s", "SHAPE", [2]),
+    ]
+    assert consts[0].data == struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    assert consts[1].data == struct.pack("<2q", 4, 1)
 
 
 @pytest.mark.parametrize(

@@ -95,13 +95,17 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
 
     rows: list[OpTraffic] = []
     total = 0
+    numel = [graph.numel(v) for v in range(graph.num_values)]
     for op in range(graph.num_ops):
         if graph.op_const[op]:
             continue
-        r = sum(graph.numel(graph.in_value[p]) * port_width(graph, sem, p) for p in graph.op_in[op])
-        # an output nobody reads (max_pool2d's indices) is not written
-        w = sum(graph.numel(v) * value_width(graph, sem, v) for v in graph.op_out[op]
-                if graph.val_uses[v])
+        r = 0
+        for p in graph.op_in[op]:
+            r += numel[graph.in_value[p]] * port_width(graph, sem, p)
+        w = 0
+        for v in graph.op_out[op]:
+            if graph.val_uses[v]:  # an output nobody reads (max_pool2d's indices) is not written
+                w += numel[v] * value_width(graph, sem, v)
         total += r + w
         if per_op:
             rows.append(OpTraffic(graph.op_name[op], graph.op_target[op], r, w))

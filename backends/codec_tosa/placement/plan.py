@@ -58,15 +58,16 @@ class Plan:
 def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool = True,
               fused_transcode: bool = False) -> Plan:
     P = graph.num_in_ports
-    ids: dict[int, int] = {}
+    find = sets.uf.find
+    ids = [-1] * len(sets.uf.parent)  # union-find root -> domain id
     domains: list[Domain] = []
 
-    def domain_id(root: int) -> int:
-        d = ids.get(root)
-        if d is None:
-            d = ids[root] = len(domains)
-            domains.append(Domain(d, *sets.dominator[root]))
-        return d
+    def domain_of(node: int) -> Domain:
+        root = find(node)
+        if ids[root] < 0:
+            ids[root] = len(domains)
+            domains.append(Domain(len(domains), *sets.dominator[root]))
+        return domains[ids[root]]
 
     in_domain = [-1] * P
     value_domain = [-1] * graph.num_values
@@ -74,12 +75,14 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
     for op in range(graph.num_ops):
         for p in graph.op_in[op]:
             if sem.in_sem[p] == CODE:
-                d = in_domain[p] = domain_id(sets.of_in_port(p))
-                domains[d].in_ports.append(p)
+                d = domain_of(p)
+                in_domain[p] = d.id
+                d.in_ports.append(p)
         for x in graph.op_out[op]:
             if sem.out_code[x]:
-                d = value_domain[x] = domain_id(sets.of_value(x))
-                domains[d].values.append(x)
+                d = domain_of(P + x)
+                value_domain[x] = d.id
+                d.values.append(x)
 
     codecs = _local_codecs(graph, sem, in_domain, value_domain) if sets.local else \
         _nonlocal_codecs(graph, sem, in_domain, value_domain, fused_transcode)

@@ -40,21 +40,32 @@ class _Variant:
     all_outputs: bool
     out_slots: frozenset[int]
     weights: frozenset[str]
-    blocks: tuple[tuple[frozenset[str], bool, frozenset[int]], ...]  # args, all outs, out slots
+    num_blocks: int
+    block_of_arg: dict[str, int]  # argument name -> index of its block in the row
+    block_of_all_outputs: int  # index of the block holding `out`, or -1
+    block_of_slot: dict[int, int]  # output slot -> index of its block (`out.K`)
 
     @staticmethod
-    def of(row_encoded: tuple[str, ...], blocks: tuple[tuple[str, ...], ...],
+    def of(encoded: tuple[str, ...], blocks: tuple[tuple[str, ...], ...],
            weights: tuple[str, ...]) -> "_Variant":
-        def split(names: tuple[str, ...]) -> tuple[frozenset[str], bool, frozenset[int]]:
-            args = frozenset(n for n in names if n != OUT and not n.startswith(OUT + "."))
-            slots = frozenset(int(n[len(OUT) + 1:]) for n in names if n.startswith(OUT + "."))
-            return args, OUT in names, slots
-
-        args, all_out, slots = split(row_encoded)
-        return _Variant(args, all_out, slots, frozenset(weights), tuple(split(b) for b in blocks))
-
-    def encodes_output(self, slot: int) -> bool:
-        return self.all_outputs or slot in self.out_slots
+        prefix = OUT + "."
+        of_arg: dict[str, int] = {}
+        of_slot: dict[int, int] = {}
+        all_out = -1
+        for i, names in enumerate(blocks):
+            for n in names:
+                if n == OUT:
+                    all_out = i
+                elif n.startswith(prefix):
+                    of_slot[int(n[len(prefix):])] = i
+                else:
+                    of_arg[n] = i
+        return _Variant(
+            encoded_args=frozenset(n for n in encoded if n != OUT and not n.startswith(prefix)),
+            all_outputs=OUT in encoded,
+            out_slots=frozenset(int(n[len(prefix):]) for n in encoded if n.startswith(prefix)),
+            weights=frozenset(weights), num_blocks=len(blocks), block_of_arg=of_arg,
+            block_of_all_outputs=all_out, block_of_slot=of_slot)
 
 
 def resolve(graph: PortGraph, table: CommutationTable, policy: str,
@@ -91,33 +102,35 @@ def resolve(graph: PortGraph, table: CommutationTable, policy: str,
 
 
 def _apply_int8(graph: PortGraph, sem: Semantics, op: int, variant: _Variant) -> None:
-    enc_in = [p for p in graph.op_in[op] if graph.in_arg[p] in variant.encoded_args]
-    enc_out = [v for v in graph.op_out[op] if variant.encodes_output(graph.val_slot[v])]
+    in_arg, in_value, val_dtype, val_slot = graph.in_arg, graph.in_value, graph.val_dtype, graph.val_slot
+    enc_in = [p for p in graph.op_in[op] if in_arg[p] in variant.encoded_args]
+    enc_out = [v for v in graph.op_out[op] if variant.all_outputs or val_slot[v] in variant.out_slots]
     # Only floating-point tensors are encoded: an operator moving int64 indices or
     # bool masks through an encodable port keeps its FP32 (plain) variant.
-    if not all(graph.is_float(graph.in_value[p]) for p in enc_in):
-        return
-    if not all(graph.is_float(v) for v in enc_out):
-        return
-    sem.int8_ops[op] = True
-    blocks = [(_new_block(sem, op), args, all_out, slots) for args, all_out, slots in variant.blocks]
     for p in enc_in:
-        arg = graph.in_arg[p]
-        if arg in variant.weights and graph.val_kind[graph.in_value[p]] == CONSTANT:
+        if not val_dtype[in_value[p]].is_floating_point:
+            return
+    for v in enc_out:
+        if not val_dtype[v].is_floating_point:
+            return
+    sem.int8_ops[op] = True
+    base = sem.num_blocks  # the row's blocks, then one trivial block per other port
+    for _ in range(variant.num_blocks):
+        _new_block(sem, op)
+    for p in enc_in:
+        arg = in_arg[p]
+        if arg in variant.weights and graph.val_kind[in_value[p]] == CONSTANT:
             sem.in_sem[p] = WEIGHT
             continue
         sem.in_sem[p] = CODE
-        b = next((b for b, args, _, _ in blocks if arg in args), -1)
-        if b < 0:
-            b = _new_block(sem, op)
+        k = variant.block_of_arg.get(arg)
+        b = base + k if k is not None else _new_block(sem, op)
         sem.in_block[p] = b
         sem.block_inputs[b] += 1
     for v in enc_out:
         sem.out_code[v] = True
-        slot = graph.val_slot[v]
-        b = next((b for b, _, all_out, slots in blocks if all_out or slot in slots), -1)
-        if b < 0:
-            b = _new_block(sem, op)
+        k = variant.block_of_slot.get(val_slot[v], variant.block_of_all_outputs)
+        b = base + k if k >= 0 else _new_block(sem, op)
         sem.out_block[v] = b
         sem.block_outputs[b] += 1
 

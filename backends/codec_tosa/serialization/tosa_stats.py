@@ -201,6 +201,48 @@ def _operators(region: str, block_name: str, block, tensors) -> Iterator[Operato
         )
 
 
+@dataclass(frozen=True)
+class ConstantInfo:
+    region: str
+    block: str
+    op: str  # CONST or CONST_SHAPE
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+def iter_constants(buf: bytes) -> Iterator[ConstantInfo]:
+    """Every CONST / CONST_SHAPE output with its serialized data, in order."""
+    for region, block_name, block in _walk(_graph(buf)):
+        tensors = {}
+        for i in range(block.TensorsLength()):
+            t = block.Tensors(i)
+            tensors[_decode(t.Name())] = t
+        shapes = {}
+        for i in range(block.ShapesLength()):
+            sh = block.Shapes(i)
+            shapes[_decode(sh.Name())] = sh
+        for o in range(block.OperatorsLength()):
+            op = block.Operators(o)
+            name = op_name(op.Op())
+            if name not in CONST_OPS:
+                continue
+            for j in range(op.OutputsLength()):
+                out = _decode(op.Outputs(j))
+                if out in tensors:
+                    t = tensors[out]
+                    shape = [int(d) for d in t.ShapeAsNumpy()] if t.ShapeLength() else []
+                    data = t.DataAsNumpy().tobytes() if t.DataLength() else b""
+                    yield ConstantInfo(
+                        region, block_name, name, out, dtype_name(t.Type()), shape, data
+                    )
+                else:  # a CONST_SHAPE output lives in the shape table: [rank]
+                    sh = shapes[out]
+                    data = sh.DataAsNumpy().tobytes() if sh.DataLength() else b""
+                    yield ConstantInfo(region, block_name, name, out, "SHAPE", [sh.Rank()], data)
+
+
 def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
     """Every operator of every block, in flatbuffer order, with its traffic."""
     for region, block_name, block in _walk(_graph(buf)):
