@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -340,8 +341,12 @@ def set_ratios(rows: list[Row]) -> None:
         r.total_ratio = (r.quantize_s + r.lowering_s) / (s.quantize_s + s.lowering_s)
 
 
-def bench_model(model: str, log: Callable[[str], None] = print) -> list[Row]:
-    """Stock, then local, nonlocal and nonlocal+coalesce, for one model."""
+def bench_model(model: str, log: Callable[[str], None] = print,
+                on_row: Callable[[list[Row]], None] | None = None) -> list[Row]:
+    """Stock, then local, nonlocal and nonlocal+coalesce, for one model.
+
+    `on_row` is called with the rows so far after each configuration (partial results).
+    """
     module, inputs = load(model)
     calibration = calibration_set(inputs)
     with torch.no_grad():
@@ -355,7 +360,9 @@ def bench_model(model: str, log: Callable[[str], None] = print) -> list[Row]:
         log(f"[{model} {config}] done in {time.perf_counter() - t:.1f} s: "
             f"lowering {row.lowering_s:.1f} s, traffic {row.traffic_bytes / MIB:.2f} MiB, "
             f"error {row.err_steps:.3g} steps")
-    set_ratios(rows)
+        set_ratios(rows)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -387,10 +394,34 @@ def table_lines(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+def traffic_lines(rows: Sequence[Row], top: int = 8) -> list[str]:
+    """Per model: TOSA traffic (MiB) and operator count by operator type, for each config."""
+    lines: list[str] = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        totals: dict[str, int] = {}
+        for r in mine:
+            for op, b in r.traffic_by_op.items():
+                totals[op] = totals.get(op, 0) + b
+        ops = sorted(totals, key=lambda op: -totals[op])[:top]
+        lines += ["", f"{model}: TOSA traffic MiB (operators) by type, top {len(ops)}", "",
+                  "| op | " + " | ".join(r.config for r in mine) + " |",
+                  "|---|" + "|".join("---:" for _ in mine) + "|"]
+        for op in ops:
+            cells = [f"{r.traffic_by_op.get(op, 0) / MIB:.2f} ({r.operators_by_type.get(op, 0)})"
+                     for r in mine]
+            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def load_rows(path: Path) -> list[Row]:
+    return [Row(**r) for r in json.loads(path.read_text())["rows"]]
+
+
 def write_json(rows: Sequence[Row], path: Path, argv: Sequence[str]) -> None:
     from importlib.metadata import version
 
-    doc = {"command": " ".join(argv), "policy": POLICY, "stock_tosa": STOCK_TOSA,
+    doc = {"command": shlex.join(argv), "policy": POLICY, "stock_tosa": STOCK_TOSA,
            "calibration": f"example input + {CALIBRATION_RANDOM} seeded random inputs",
            "versions": {p: version(p) for p in ("codec_tosa", "torch", "executorch", "torchao")},
            "rows": [asdict(r) for r in rows]}
@@ -416,10 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup:
         warm_up(args.warmup)
     rows: list[Row] = []
+    command = ["python", "benchmarks/lowering.py", *argv]
     for model in args.models:
-        rows += bench_model(model, log=lambda s: print(s, file=sys.stderr, flush=True))
-        write_json(rows, args.json, ["python", "benchmarks/lowering.py", *argv])  # partial results
-    print("\n".join(table_lines(rows)))
+        done = list(rows)
+        rows = done + bench_model(model, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                  on_row=lambda partial: write_json(done + partial, args.json, command))
+    print("\n".join(table_lines(rows) + traffic_lines(rows)))
     return 0
 
 
