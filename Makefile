@@ -18,6 +18,12 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# the long fuzz profile (issue 6): about FUZZ_EXAMPLES compiled random modules
+FUZZ_EXAMPLES ?= 300
+fuzz: $(STAMP)
+	CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:logging \
+		--hypothesis-show-statistics tests/test_fuzz.py
+
 demo: $(STAMP)
 	$(VENV)/bin/codec-tosa demo
 

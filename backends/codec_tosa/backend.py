@@ -14,6 +14,7 @@ from codec_tosa.placement.materialize import materialize
 from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_provenance
 from codec_tosa.serialization.pooled import PooledTosaSerializer
+from codec_tosa.serialization.pooling_record import pooling_record
 
 
 @final
@@ -34,7 +35,11 @@ class CodecTosaBackend(BackendDetails):
         serializer = arm_adapter.new_serializer(
             arm_spec, PooledTosaSerializer if pool else ts.TosaSerializer)
         payload = arm_adapter.lower_into(edge_program, arm_spec, serializer)
-        return PreprocessResult(processed_bytes=payload)
+        if not pool:
+            return PreprocessResult(processed_bytes=payload)
+        # what pooling saved travels in the .pte as named data (`codec-tosa report`)
+        return PreprocessResult(processed_bytes=payload,
+                                data_store_output=pooling_record(serializer.stats, payload))
 
 
 __all__ = ["CodecTosaBackend"]

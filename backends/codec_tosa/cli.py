@@ -114,11 +114,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import json
 
-    from codec_tosa.runtime.validate import delegate_payload, delegate_provenance, read_pte
+    from codec_tosa.runtime.validate import ValidationError, delegate_payload, delegate_provenance, read_pte
     from codec_tosa.serialization.tosa_stats import tosa_stats
 
     data = read_pte(args.pte)
-    stats = tosa_stats(delegate_payload(data, args.pte))
+    try:
+        stats = tosa_stats(delegate_payload(data, args.pte))
+    except ValidationError:
+        raise
+    except ValueError as e:
+        raise CliError(f"{args.pte}: the delegate payload is unusable: {e}") from None
     prov = delegate_provenance(data)
     print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
     print(f"versions: {prov.get('versions')}")
@@ -131,6 +136,16 @@ def cmd_report(args: argparse.Namespace) -> int:
                  [(k, v, stats.traffic_by_op.get(k, 0) / 2**20)
                   for k, v in sorted(stats.operators_by_type.items(), key=lambda kv: -kv[1])]))
     print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / 2**20:.4g} MiB")
+    from codec_tosa.serialization.pooling_record import read_pooling_stats
+
+    pooling = read_pooling_stats(data, delegate_payload(data, args.pte))
+    if pooling is None:
+        print("constant pooling: off (no pooling record in the .pte)")
+    else:
+        print(f"constant pooling: {pooling.operators_saved} operators saved "
+              f"({pooling.helper_consts_reused} helper constants reused, "
+              f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
+              f"{pooling.helper_bytes_saved} constant bytes saved")
     rep = Path(args.pte).with_name("report.json")
     if rep.is_file():
         modeled = json.loads(rep.read_text()).get("modeled")
@@ -164,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="place codecs and report storage/traffic/codec items")
     p.add_argument("model", help="built-in model name or path/to/file.py:function")
-    p.add_argument("--policy", choices=DEFAULT_ORDER, help="default: every policy")
+    # no argparse choices: a user table (--table) may define its own policy letters
+    p.add_argument("--policy", help=f"one of {', '.join(DEFAULT_ORDER)} or a --table's letters "
+                   "(default: every policy)")
     p.add_argument("--placement", choices=PLACEMENTS, help="default: every placement")
     p.add_argument("--fused-transcode", action="store_true",
                    help="count a transcode as one int8->int8 RESCALE")
@@ -178,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a model to a .pte with a CodecTosaBackend delegate")
     c.add_argument("model", help="built-in model name or path/to/file.py:function")
-    c.add_argument("--policy", choices=DEFAULT_ORDER, default="W")
+    c.add_argument("--policy", default="W", help=f"one of {', '.join(DEFAULT_ORDER)} or a --table's letters")
     c.add_argument("--placement", choices=PLACEMENTS, default="nonlocal+coalesce")
     c.add_argument("--tosa", help="TOSA spec (default TOSA-1.0+INT+FP; TOSA-1.0+FP for policy Z)")
     c.add_argument("--fused-transcode", action="store_true")

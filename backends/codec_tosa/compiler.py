@@ -69,25 +69,28 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
     out = Path(out_dir)
     steps = tqdm(total=4, desc="export", disable=not progress, leave=False)
-    times: dict[str, float] = {}
-    t = time.perf_counter()
-    loaded = load_and_export(model)
-    times["export_s"] = time.perf_counter() - t
-    steps.update()
+    # closed on failure too: a bar left open would share the error's line
+    try:
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+        loaded = load_and_export(model)
+        times["export_s"] = time.perf_counter() - t
+        steps.update()
 
-    steps.set_description("calibration + lowering + serialisation")
-    calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
-    lowered = lower_program(loaded.program, spec, calib)
-    pte, part = lowered.pte, lowered.partitioner
-    times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
-    steps.update(2)
+        steps.set_description("calibration + lowering + serialisation")
+        calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
+        lowered = lower_program(loaded.program, spec, calib)
+        pte, part = lowered.pte, lowered.partitioner
+        times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
+        steps.update(2)
 
-    steps.set_description("reference outputs")
-    with torch.no_grad():
-        eager = _as_list(loaded.module(*loaded.inputs))
-    simulated = simulate(part.last_program, loaded.inputs) if part.last_program is not None else eager
-    steps.update()
-    steps.close()
+        steps.set_description("reference outputs")
+        with torch.no_grad():
+            eager = _as_list(loaded.module(*loaded.inputs))
+        simulated = simulate(part.last_program, loaded.inputs) if part.last_program is not None else eager
+        steps.update()
+    finally:
+        steps.close()
 
     report: dict[str, Any] = {
         "model": model,
@@ -114,11 +117,7 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
     try:
         (tmp / PTE).write_bytes(pte)
-        np.savez(tmp / REFERENCE_IO,
-                 **{f"input_{i}": x.detach().numpy() for i, x in enumerate(loaded.inputs)},
-                 **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
-                 **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
-                 **{f"step_{i}": np.float64(st) for i, st in enumerate(steps_per_output)})
+        np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT):
@@ -126,6 +125,15 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return CompileResult(out, report)
+
+
+def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
+                 simulated: Sequence[torch.Tensor], steps: Sequence[float]) -> dict[str, np.ndarray]:
+    """The arrays of reference_io.npz, as `validate` reads them."""
+    return {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
+            **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
+            **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
+            **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)}}
 
 
 def _output_steps(part: Any, eager: list[torch.Tensor]) -> list[float]:

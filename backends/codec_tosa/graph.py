@@ -123,6 +123,21 @@ class PortGraph:
     def ops_topological(self) -> range:
         return range(self.num_ops)
 
+    def op_argument(self, op: int, name: str) -> Any:
+        """A non-port argument of an FX operator by schema name (its default if not given)."""
+        node = self.fx_op_node[op]
+        if node is None:
+            raise GraphError(f"operator {self.op_name[op]}: not from an FX graph")
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            raise GraphError(f"node {node.name}: no schema to look up argument {name!r}")
+        for i, a in enumerate(schema.arguments):
+            if a.name == name:
+                if i < len(node.args):
+                    return node.args[i]
+                return node.kwargs.get(name, a.default_value)
+        raise GraphError(f"node {node.name}: {self.op_target[op]} has no argument {name!r}")
+
     # ---- construction from FX -----------------------------------------
     @classmethod
     def from_program(cls, ep: Any) -> "PortGraph":
@@ -218,6 +233,16 @@ class PortGraph:
                           outputs=[(shape, dtype)], fx_node=node, fx_uses=[u for _, _, u in inputs])
             value_of[node] = vid
         return value_of, multi_of
+
+
+def has_empty_tensor(node: torch.fx.Node) -> bool:
+    """True when `node` reads or produces a tensor with no elements (a zero-size dim)."""
+    def empty(n: Any) -> bool:
+        vals = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        vals = vals if isinstance(vals, (list, tuple)) else [vals]
+        return any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals)
+
+    return empty(node) or any(empty(a) for a in node.all_input_nodes)
 
 
 def program_constants(ep: Any) -> list[str]:

@@ -10,14 +10,16 @@ import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from torch.export import ExportedProgram
+from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter
 from codec_tosa.backend import CodecTosaBackend
 from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.calibration import learn_thetas, random_calibration
 from codec_tosa.fold_batch_norm import fold_batch_norms
-from codec_tosa.graph import PortGraph
+from codec_tosa.graph import PortGraph, has_empty_tensor
 from codec_tosa.placement import Placement, place
+from codec_tosa.placement.materialize import int8_unsupported
 from codec_tosa.plan_meta import write_plan_meta
 from codec_tosa.provenance import provenance_specs
 from codec_tosa.spec import CodecSpec
@@ -37,7 +39,7 @@ class CodecTosaPartitioner(Partitioner):
         self.codec_spec = spec or CodecSpec()
         self.calibration = [tuple(c) for c in calibration] if calibration is not None else None
         self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
-        self._arm = arm_adapter.stock_partitioner(self.arm_spec)
+        self._arm = arm_adapter.stock_partitioner(self.arm_spec, additional_checks=[_NoEmptyTensors()])
         self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
         self._real_state: dict[str, torch.Tensor] = {}
         self.last_placement: Placement | None = None
@@ -64,10 +66,13 @@ class CodecTosaPartitioner(Partitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
+        self._real_state.update(_lifted_constants(ep))
         graph = PortGraph.from_program(ep)
-        # operators left on the CPU run FP32, so partition boundaries are plain
+        # operators left on the CPU run FP32, so partition boundaries are plain;
+        # so do those Arm's lowering cannot take with encoded ports
         plain_ops = [op for op in range(graph.num_ops)
-                     if "delegation_tag" not in graph.fx_op_node[op].meta]  # type: ignore[union-attr]
+                     if "delegation_tag" not in graph.fx_op_node[op].meta  # type: ignore[union-attr]
+                     or int8_unsupported(graph, op) is not None]
         table = self.codec_spec.commutation_table
         result = place(graph, table, self.codec_spec.policy, self.codec_spec.placement,
                        fused_transcode=self.codec_spec.fused_transcode, plain_ops=plain_ops)
@@ -92,6 +97,34 @@ class CodecTosaPartitioner(Partitioner):
         examples = [n.meta["val"] for n in ep.graph.nodes
                     if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
+
+
+class _NoEmptyTensors(OperatorSupportBase):
+    """Operators on zero-size tensors stay on the CPU: the TOSA reference model
+    rejects a graph with an empty tensor at run time (the .pte would compile but
+    not run), and they move no data worth compressing."""
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        return not has_empty_tensor(node)
+
+
+def _lifted_constants(ep: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Real values of the constants to_edge lifts after our hooks ran (scalars made
+    tensors, e.g. the 1 of ``y + 1``): the program holds them as FakeTensor buffers,
+    but `lift_constant_tensor_pass` keeps the real tensor on the placeholder's
+    FakeTensor as ``.constant``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    target_of = {s.arg.name: s.target for s in ep.graph_signature.input_specs
+                 if s.target is not None and hasattr(s.arg, "name")}
+    out: dict[str, torch.Tensor] = {}
+    for n in ep.graph.nodes:
+        if n.op != "placeholder" or n.name not in target_of:
+            continue
+        real = getattr(n.meta.get("val"), "constant", None)
+        if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+            out[target_of[n.name]] = real
+    return out
 
 
 def _real_copy(ep: ExportedProgram, real_state: dict[str, torch.Tensor]) -> ExportedProgram:

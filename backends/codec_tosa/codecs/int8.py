@@ -10,7 +10,11 @@ import torch
 from codec_tosa.codecs.base import ChannelTheta, Theta
 
 QMIN, QMAX = -128, 127
-_TINY = 1e-8  # a zero range (a constant tensor) still gets a valid, non-zero scale
+_TINY = 1e-8  # floor of the scale of a tiny, non-zero range
+# An all-zero tensor (observed range [0, 0]) is coded exactly by any scale. It gets
+# 1.0, not the floor: an INT8 conv/linear stores its bias as int32 codes at scale
+# s_in * s_w, and s_in = 1e-8 would overflow int32 (the bias clamped, silently wrong).
+_ZERO_RANGE_SCALE = 1.0
 
 
 class Int8Affine:
@@ -21,7 +25,8 @@ class Int8Affine:
             raise ValueError(f"observed range [{lo}, {hi}] is not finite")
         # the range must contain 0 so that zero (padding, ReLU floor) is exact
         lo, hi = min(lo, 0.0), max(hi, 0.0)
-        scale = max((hi - lo) / (QMAX - QMIN), _TINY)
+        span = hi - lo
+        scale = max(span / (QMAX - QMIN), _TINY) if span > 0 else _ZERO_RANGE_SCALE
         zero_point = int(round(QMIN - lo / scale))
         zero_point = max(QMIN, min(QMAX, zero_point))
         return Theta(float(scale), zero_point, QMIN, QMAX, torch.int8)
@@ -30,6 +35,7 @@ class Int8Affine:
         dims = [d for d in range(weight.dim()) if d != axis]
         amax = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
         scales = torch.clamp(amax.float() / QMAX, min=_TINY)
+        scales = torch.where(amax == 0, _ZERO_RANGE_SCALE, scales)  # an all-zero channel
         return ChannelTheta(scales, axis, -QMAX, QMAX, torch.int8)
 
 

@@ -197,8 +197,16 @@ class CommutationTable:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"commutation table {path}: {e}") from None
-        order = PolicyOrder(tuple(data["policies"])) if "policies" in data else None
-        return cls.from_rows((Row.from_json(r) for r in data["rows"]), order)
+        # every message names the file: a user table is the user's input
+        try:
+            if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+                raise ValueError('expected {"policies": [...], "rows": [{"target": ...}, ...]}')
+            if any(not isinstance(r, dict) or "target" not in r for r in data["rows"]):
+                raise ValueError('every row needs a "target"')
+            order = PolicyOrder(tuple(data["policies"])) if "policies" in data else None
+            return cls.from_rows((Row.from_json(r) for r in data["rows"]), order)
+        except ValueError as e:
+            raise ValueError(f"commutation table {path}: {str(e).removeprefix('commutation table: ')}") from None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -57,10 +57,8 @@ What Arm's passes need, learned from executorch 1.5.1 ``backends/arm/_passes``:
   per tensor, which is also invariant under the permute. The encoded tensor
   is the value *at the port* (after any constant-folded permute/view), so no
   axis has to be mapped back through layout operators. A transposed
-  convolution (output channels on axis 1) is refused when its weight's axis
-  0 differs from the output channels; with equal counts it is not detected,
-  because that needs the ``transposed`` argument, which `PortGraph` does not
-  expose yet.
+  convolution (output channels on axis 1) is not encoded: `int8_unsupported`
+  tells the partitioner to keep it FP32, and `materialize` refuses it.
 * The edge program must keep ``aten.linear`` (Arm's partitioner lists it in
   ``ops_to_not_decompose`` for INT+FP): an INT8 ``addmm`` cannot be lowered
   (see ``_UNSUPPORTED_INT8``) and is refused with the node named.
@@ -72,6 +70,7 @@ is given (the backend already receives a deep copy of the partition).
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +115,19 @@ _UNSUPPORTED_INT8 = {"aten.addmm.default": "keep aten.linear undecomposed (ops_t
                      "or leave addmm FP32 in the commutation table"}
 
 _INT32_QMIN, _INT32_QMAX = -(2**31) + 1, 2**31 - 1
+
+
+def int8_unsupported(graph: PortGraph, op: int) -> str | None:
+    """Why Arm's lowering cannot take operator `op` with encoded ports (None: it can).
+
+    The partitioner keeps such operators FP32; `materialize` refuses them.
+    """
+    target = graph.op_target[op]
+    if target in _UNSUPPORTED_INT8:
+        return _UNSUPPORTED_INT8[target]
+    if target == "aten.convolution.default" and graph.op_argument(op, "transposed"):
+        return "a transposed convolution keeps its output channels on axis 1 of the weight"
+    return None
 
 
 class MaterializeError(ValueError):
@@ -181,7 +193,7 @@ class _Materializer:
                 any(self.outs[v] is not None for v in self.g.op_out[op])
             if node is None or not int8:
                 continue
-            why = _UNSUPPORTED_INT8.get(self.g.op_target[op])
+            why = int8_unsupported(self.g, op)
             if why is not None:
                 raise MaterializeError(
                     f"node {node.name} ({self.g.op_target[op]}): Arm's TOSA lowering cannot take it "
@@ -215,11 +227,9 @@ class _Materializer:
         w = self._constant(value, port).float()
         name = self.g.op_name[op]
         if per_channel and w.shape[0] != self._out_channels(op):
-            # a transposed convolution keeps output channels on axis 1; telling it
-            # from a plain one needs the `transposed` argument (not in PortGraph)
             raise MaterializeError(
                 f"node {name}: weight {tuple(w.shape)} does not have the {self._out_channels(op)} "
-                "output channels on axis 0 (transposed convolution?); not supported yet")
+                "output channels on axis 0")
         if per_channel:
             ct = DEFAULT_CODEC.learn_weight(w, axis=0)
         else:
@@ -251,8 +261,13 @@ class _Materializer:
                 "an INT8 compute operator needs an encoded activation to scale its int32 bias")
         bias = self._constant(self.g.in_value[bias_port], bias_port).float()
         scales = (act.theta.scale * w_scales).expand(bias.shape[-1]).contiguous().float()
-        codes = torch.clamp(torch.round(bias / scales), _INT32_QMIN, _INT32_QMAX).to(torch.int32)
+        exact = torch.round(bias / scales)
         name = self.g.op_name[op]
+        if bool(((exact < _INT32_QMIN) | (exact > _INT32_QMAX)).any()):
+            # a tiny input scale: the clamped bias makes the artefact wrong, so say so
+            warnings.warn(f"node {name}: the int32 bias codes overflow at input scale "
+                          f"{act.theta.scale:.3g} and are clamped; the bias loses accuracy", stacklevel=2)
+        codes = torch.clamp(exact, _INT32_QMIN, _INT32_QMAX).to(torch.int32)
         codes_node = self._new_constant(f"{name}_bias_int32", codes)
         scales_node = self._new_constant(f"{name}_bias_scale", scales)
         zps = self._new_constant(f"{name}_bias_zp", torch.zeros(len(scales), dtype=torch.int32))

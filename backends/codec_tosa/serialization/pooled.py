@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
@@ -97,7 +96,6 @@ class PooledTosaSerializer(ts.TosaSerializer):
         self._pools: dict[BlockKey, dict[PoolKey, str]] = {}
         self._aliases: dict[BlockKey, dict[str, str]] = {}
         self._graph_owned_depth = 0
-        self._reused_by_dtype: Counter[str] = Counter()
         self.stats = PoolingStats()
 
     # -- classification -------------------------------------------------
@@ -156,8 +154,8 @@ class PooledTosaSerializer(ts.TosaSerializer):
             self._aliases.setdefault(block, {})[name] = pooled_name
         self.stats.helper_consts_reused += 1
         self.stats.helper_bytes_saved += len(data)
-        self._reused_by_dtype[_dtype_name(dtype)] += 1
-        self.stats.reused_by_dtype = dict(sorted(self._reused_by_dtype.items()))
+        by_dtype = self.stats.reused_by_dtype
+        by_dtype[_dtype_name(dtype)] = by_dtype.get(_dtype_name(dtype), 0) + 1
         existing = self._existing(pooled_name, dtype)
         self.stats.seconds += time.perf_counter() - started
         return existing

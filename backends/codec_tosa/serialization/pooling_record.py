@@ -11,6 +11,7 @@ delegates never collide.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from executorch.exir._serialize._named_data_store import NamedDataStore, NamedDataStoreOutput
 
@@ -25,9 +26,14 @@ def record_key(payload: bytes) -> str:
 
 
 def pooling_record(stats: PoolingStats, payload: bytes) -> NamedDataStoreOutput:
-    """Named data to return from `preprocess` as `data_store_output`."""
+    """Named data to return from `preprocess` as `data_store_output`.
+
+    The time spent pooling is left out: an artefact must not depend on how busy
+    the machine was (the same model compiles to the same bytes).
+    """
     store = NamedDataStore()
-    store.add_named_data(record_key(payload), stats.to_json(indent=None).encode())
+    record = replace(stats, seconds=0.0)
+    store.add_named_data(record_key(payload), record.to_json(indent=None).encode())
     return store.get_named_data_store_output()
 
 

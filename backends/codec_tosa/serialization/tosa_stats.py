@@ -250,7 +250,18 @@ def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
 
 
 def tosa_stats(buf: bytes) -> TosaStats:
-    """Count operators, constants, tensors and traffic of a TOSA flatbuffer."""
+    """Count operators, constants, tensors and traffic of a TOSA flatbuffer.
+
+    Raises ValueError on a payload that is not a (complete) TOSA flatbuffer."""
+    try:
+        return _tosa_stats(buf)
+    except ValueError:
+        raise
+    except Exception as exc:  # flatbuffers reads garbage with struct/index/decode errors
+        raise ValueError(f"not a TOSA flatbuffer ({len(buf)} bytes): {type(exc).__name__}: {exc}") from None
+
+
+def _tosa_stats(buf: bytes) -> TosaStats:
     graph = _graph(buf)
     stats = TosaStats(payload_bytes=len(buf), regions=graph.RegionsLength())
     by_type: Counter[str] = Counter()

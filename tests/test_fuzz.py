@@ -1,0 +1,138 @@
+"""Fuzzing the whole path (issue 6): random small modules from conv, linear, cat,
+reshape/permute/pad/slice, add, relu and batch norm, with random shapes and
+fan-out. For each: the analysis invariants at every policy and placement, and
+the compiled .pte validated on the TOSA reference model and in the ExecuTorch
+runtime (`validate`: Z within 1e-4 relative of eager; Y/X/W within one
+quantisation step of the PyTorch simulation of the plan).
+
+Fast profile (CI, `make test`): a few examples per policy/placement, derandomised.
+Long profile (`make fuzz`): CODEC_TOSA_FUZZ_EXAMPLES=N runs about N compiled
+examples in all, randomly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from codec_tosa.analysis import analyze, port_graph
+from codec_tosa.codecs.calibration import random_calibration
+from codec_tosa.compiler import PTE, REFERENCE_IO, _output_steps, lower_program, reference_io
+from codec_tosa.partitioner import simulate
+from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS
+from codec_tosa.runtime.executorch_runner import inspect_pte, run_pte
+from codec_tosa.runtime.validate import validate
+from codec_tosa.spec import CodecSpec
+
+from fuzz_models import Recipe, build, recipes
+
+LONG = int(os.environ.get("CODEC_TOSA_FUZZ_EXAMPLES", "0"))
+COMBOS = [("Z", COALESCE)] + [(p, pl) for p in "YXW" for pl in PLACEMENTS]
+FAST_PER_COMBO = 2  # 20 compiled examples in CI
+PER_COMBO = max(1, math.ceil(LONG / len(COMBOS))) if LONG else FAST_PER_COMBO
+SETTINGS = settings(
+    max_examples=PER_COMBO, deadline=None, derandomize=not LONG, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True)
+
+
+def check_analysis(recipe: Recipe) -> None:
+    """Every domain has an absolute dominator (independent check) at every policy
+    and placement, on the exported graph and on the graph the partitioner sees
+    (batch norms folded); traffic coalesce <= nonlocal <= local; Z has no codecs."""
+    model, inputs = build(recipe)
+    ep = torch.export.export(model, inputs)
+    for fold in (False, True):
+        graph = port_graph(ep, fold)
+        for policy in "ZYXW":
+            t = {pl: analyze(graph, policy, pl, verify=True).traffic for pl in PLACEMENTS}
+            assert t[COALESCE].traffic_bytes <= t[NONLOCAL].traffic_bytes <= t[LOCAL].traffic_bytes, recipe
+            if policy == "Z":
+                assert t[COALESCE].codec_items == 0
+                assert t[COALESCE].traffic_bytes == t[COALESCE].lower_bound_bytes
+
+
+def compile_and_validate(recipe: Recipe, policy: str, placement: str, out: Path) -> None:
+    model, inputs = build(recipe)
+    calib = [inputs] + random_calibration(inputs, 2, seed=recipe.seed)
+    lowered = lower_program(torch.export.export(model, inputs), CodecSpec(policy, placement), calib)
+    part = lowered.partitioner
+    with torch.no_grad():
+        eager = list(model(*inputs))
+    info = inspect_pte(lowered.pte)
+    if not info.delegate_ids:
+        # nothing worth delegating (only layout operators, which Arm drops):
+        # a CPU-only program, which must still compute the model
+        outs = run_pte(lowered.pte, list(inputs))
+        assert all(torch.allclose(o.reshape(e.shape), e) for o, e in zip(outs, eager)), recipe
+        assert not part.last_placement or not part.last_placement.plan.codecs, recipe
+        return
+    simulated = simulate(part.last_program, inputs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PTE).write_bytes(lowered.pte)
+    np.savez(out / REFERENCE_IO, **reference_io(inputs, eager, simulated, _output_steps(part, eager)))
+    v = validate(out / PTE)
+    report = "\n".join(v.lines()) + f"\n{recipe}"
+    assert v.ok, report
+    assert v.expected == ("eager" if policy == "Z" else "simulation"), report
+    assert len(v.outputs) == len(eager), report
+    if not info.operators and len(info.delegate_ids) == 1 and live_inputs(recipe) == len(inputs):
+        # one delegate is the whole program and takes every input: the reference
+        # model must have run on the program's inputs
+        assert v.reference_model_ran, report
+
+
+def live_inputs(recipe: Recipe) -> int:
+    """How many inputs reach an output through an operator (the others are not
+    the delegate's inputs: unused, or returned as they are)."""
+    n = len(recipe.inputs)
+    live, stack = set(), [o for o in recipe.outputs if o >= n]
+    while stack:
+        v = stack.pop()
+        if v not in live:
+            live.add(v)
+            stack.extend(recipe.steps[v - n].srcs if v >= n else ())
+    return len({s for v in live if v >= n for s in recipe.steps[v - n].srcs if s < n})
+
+
+@pytest.mark.parametrize("policy,placement", COMBOS)
+def test_fuzz_compile_validate(policy: str, placement: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    @SETTINGS
+    @given(recipes(max_steps=8 if LONG else 5))
+    def run(recipe: Recipe) -> None:
+        check_analysis(recipe)
+        compile_and_validate(recipe, policy, placement, tmp_path_factory.mktemp("fuzz"))
+
+    run()
+
+
+@settings(max_examples=max(15, LONG), deadline=None, derandomize=not LONG, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(recipes(max_steps=10))
+def test_fuzz_analysis_invariants(recipe: Recipe) -> None:
+    """Cheaper than compiling, so more and larger graphs."""
+    check_analysis(recipe)
+
+
+def test_recipes_build_what_they_describe() -> None:
+    """The shape bookkeeping of the strategy matches what PyTorch computes
+    (otherwise the fuzzer would test fewer structures than it claims)."""
+    from hypothesis import find
+
+    from fuzz_models import KINDS
+
+    for kind in KINDS:
+        recipe = find(recipes(max_steps=4), lambda r, k=kind: any(s.kind == k for s in r.steps),
+                      settings=settings(database=None, derandomize=True))
+        model, inputs = build(recipe)
+        with torch.no_grad():
+            values = list(inputs)
+            for i, step in enumerate(recipe.steps):
+                values.append(model._apply(i, step, [values[s] for s in step.srcs]))
+        assert [tuple(v.shape) for v in values] == [tuple(s) for s in model.shapes], recipe
