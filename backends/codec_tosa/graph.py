@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx
@@ -119,9 +119,6 @@ class PortGraph:
         if op < 0:
             return self.val_name[value]
         return f"{self.op_name[op]}.out[{self.val_slot[value]}]"
-
-    def ops_topological(self) -> range:
-        return range(self.num_ops)
 
     def op_argument(self, op: int, name: str) -> Any:
         """A non-port argument of an FX operator by schema name (its default if not given)."""
@@ -371,14 +368,6 @@ class GraphBuilder:
         g.fx_in.append(fx_use)
         g.val_uses[value].append(port)
         return port
-
-
-def iter_fx_uses(graph: PortGraph, value: int) -> Iterator[FxUse]:
-    """FX locations reading a value (used when a pass rewrites the FX graph)."""
-    for port in graph.val_uses[value]:
-        use = graph.fx_in[port]
-        if use is not None:
-            yield use
 
 
 def replace_fx_use(use: FxUse, new: torch.fx.Node) -> None:

@@ -7,7 +7,6 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import torch
-from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from torch.export import ExportedProgram
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -163,11 +162,4 @@ def plan_json(graph: PortGraph, result: Placement, thetas: dict[int, Theta]) -> 
     }
 
 
-def compile_spec_value(specs: Sequence[CompileSpec], key: str) -> str | None:
-    for s in specs:
-        if s.key == key:
-            return s.value.decode() if isinstance(s.value, bytes) else str(s.value)
-    return None
-
-
-__all__ = ["BACKEND_ID", "CodecTosaPartitioner", "compile_spec_value", "plan_json"]
+__all__ = ["BACKEND_ID", "CodecTosaPartitioner", "plan_json"]
