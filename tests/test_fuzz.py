@@ -27,7 +27,7 @@ from codec_tosa.compiler import PTE, REFERENCE_IO, _output_steps, lower_program,
 from codec_tosa.partitioner import simulate
 from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS
 from codec_tosa.runtime.executorch_runner import inspect_pte, run_pte
-from codec_tosa.runtime.validate import validate
+from codec_tosa.runtime.validate import Validation, validate
 from codec_tosa.spec import CodecSpec
 
 from fuzz_models import Recipe, build, recipes
@@ -60,7 +60,20 @@ def check_analysis(recipe: Recipe) -> None:
 
 def compile_and_validate(recipe: Recipe, policy: str, placement: str, out: Path) -> None:
     model, inputs = build(recipe)
-    calib = [inputs] + random_calibration(inputs, 2, seed=recipe.seed)
+    v = compile_and_validate_module(model, inputs, recipe.seed, policy, placement, out, str(recipe))
+    if v is not None:
+        info = inspect_pte((out / PTE).read_bytes())
+        if not info.operators and len(info.delegate_ids) == 1:
+            # one delegate is the whole program, so its inputs are program
+            # inputs: the reference model must have run
+            assert v.reference_model_ran, recipe
+
+
+def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], seed: int,
+                                policy: str, placement: str, out: Path, what: str) -> Validation | None:
+    """Compile, write the .pte and reference_io.npz as compile does, validate;
+    None for a program with nothing delegated (checked against eager here)."""
+    calib = [inputs] + random_calibration(inputs, 2, seed=seed)
     lowered = lower_program(torch.export.export(model, inputs), CodecSpec(policy, placement), calib)
     part = lowered.partitioner
     with torch.no_grad():
@@ -70,35 +83,19 @@ def compile_and_validate(recipe: Recipe, policy: str, placement: str, out: Path)
         # nothing worth delegating (only layout operators, which Arm drops):
         # a CPU-only program, which must still compute the model
         outs = run_pte(lowered.pte, list(inputs))
-        assert all(torch.allclose(o.reshape(e.shape), e) for o, e in zip(outs, eager)), recipe
-        assert not part.last_placement or not part.last_placement.plan.codecs, recipe
-        return
+        assert all(torch.allclose(o.reshape(e.shape), e) for o, e in zip(outs, eager)), what
+        assert not part.last_placement or not part.last_placement.plan.codecs, what
+        return None
     simulated = simulate(part.last_program, inputs)
     out.mkdir(parents=True, exist_ok=True)
     (out / PTE).write_bytes(lowered.pte)
     np.savez(out / REFERENCE_IO, **reference_io(inputs, eager, simulated, _output_steps(part, eager)))
     v = validate(out / PTE)
-    report = "\n".join(v.lines()) + f"\n{recipe}"
+    report = "\n".join(v.lines()) + f"\n{what}"
     assert v.ok, report
     assert v.expected == ("eager" if policy == "Z" else "simulation"), report
     assert len(v.outputs) == len(eager), report
-    if not info.operators and len(info.delegate_ids) == 1 and live_inputs(recipe) == len(inputs):
-        # one delegate is the whole program and takes every input: the reference
-        # model must have run on the program's inputs
-        assert v.reference_model_ran, report
-
-
-def live_inputs(recipe: Recipe) -> int:
-    """How many inputs reach an output through an operator (the others are not
-    the delegate's inputs: unused, or returned as they are)."""
-    n = len(recipe.inputs)
-    live, stack = set(), [o for o in recipe.outputs if o >= n]
-    while stack:
-        v = stack.pop()
-        if v not in live:
-            live.add(v)
-            stack.extend(recipe.steps[v - n].srcs if v >= n else ())
-    return len({s for v in live if v >= n for s in recipe.steps[v - n].srcs if s < n})
+    return v
 
 
 @pytest.mark.parametrize("policy,placement", COMBOS)
@@ -118,6 +115,36 @@ def test_fuzz_compile_validate(policy: str, placement: str, tmp_path_factory: py
 def test_fuzz_analysis_invariants(recipe: Recipe) -> None:
     """Cheaper than compiling, so more and larger graphs."""
     check_analysis(recipe)
+
+
+class Crossed(torch.nn.Module):
+    """The delegate reads the inputs in the other order (b first) and writes its
+    outputs in the other order; one output is an input returned as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 3, 1)
+        self.d = torch.nn.Conv2d(3, 3, 1)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.c(b)
+        return self.d(a) + y, a, y
+
+
+@pytest.mark.parametrize("policy", ["Z", "W"])
+def test_validate_wires_the_delegate_as_the_program_calls_it(policy: str, tmp_path: Path) -> None:
+    """Found by the long fuzz profile: the reference model must get the delegate's
+    inputs, and its outputs be compared with the program outputs they become,
+    as the delegate call in the .pte says (not by position in the program)."""
+    torch.manual_seed(0)
+    model = Crossed().eval()
+    a, b = torch.randn(1, 3, 4, 4), torch.randn(1, 3, 4, 4) * 3
+    v = compile_and_validate_module(model, (a, b), 0, policy, COALESCE, tmp_path, "Crossed")
+    assert v is not None and v.reference_model_ran
+    info = inspect_pte((tmp_path / PTE).read_bytes())
+    assert info.delegate_calls[0].tensor_args[:2] == (info.inputs[1], info.inputs[0])
+    compared = [not math.isnan(o.ref_vs_runtime_max_abs) for o in v.outputs]
+    assert compared == [True, False, True]  # output 1 is the input a
 
 
 def test_recipes_build_what_they_describe() -> None:

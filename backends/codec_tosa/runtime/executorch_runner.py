@@ -21,7 +21,7 @@ import torch
 
 from codec_tosa.runtime import native
 
-__all__ = ["PteRunError", "PteInfo", "inspect_pte", "run_pte"]
+__all__ = ["PteRunError", "PteInfo", "DelegateCallInfo", "inspect_pte", "run_pte"]
 
 PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
@@ -35,11 +35,24 @@ class PteRunError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class DelegateCallInfo:
+    """One delegate call of the forward plan: the value indices of the tensors it
+    is passed (its inputs, then its outputs, as the runtime hands them over)."""
+
+    delegate_id: str
+    tensor_args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PteInfo:
     """What the runner needs to know about a program before loading it."""
 
     operators: tuple[str, ...]  # "namespace::name" of the CPU operators
     delegate_ids: tuple[str, ...]
+    # the first plan's input and output value indices and its delegate calls
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    delegate_calls: tuple[DelegateCallInfo, ...] = ()
 
     @property
     def needs_quantized_kernels(self) -> bool:
@@ -60,6 +73,7 @@ def inspect_pte(data: bytes) -> PteInfo:
     """Parse the program's flatbuffer header (not its segments)."""
     # Private but stable within the pinned executorch; the same parser
     # _extract_delegate_payload uses.
+    from executorch.exir import schema
     from executorch.exir._serialize import _program
 
     try:
@@ -70,7 +84,20 @@ def inspect_pte(data: bytes) -> PteInfo:
         raise PteRunError(f"not a valid ExecuTorch program (.pte): {exc}") from exc
     operators = tuple(op.name for plan in program.execution_plan for op in plan.operators)
     delegates = tuple(d.id for plan in program.execution_plan for d in plan.delegates)
-    return PteInfo(operators=operators, delegate_ids=delegates)
+    if not program.execution_plan:
+        return PteInfo(operators=operators, delegate_ids=delegates)
+    plan = program.execution_plan[0]
+    calls = tuple(
+        DelegateCallInfo(
+            plan.delegates[instr.instr_args.delegate_index].id,
+            tuple(a for a in instr.instr_args.args if isinstance(plan.values[a].val, schema.Tensor)),
+        )
+        for chain in plan.chains
+        for instr in chain.instructions
+        if isinstance(instr.instr_args, schema.DelegateCall)
+    )
+    return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
+                   outputs=tuple(plan.outputs), delegate_calls=calls)
 
 
 def _registered_backends() -> list[str]:

@@ -243,6 +243,16 @@ def iter_constants(buf: bytes) -> Iterator[ConstantInfo]:
                     yield ConstantInfo(region, block_name, name, out, "SHAPE", [sh.Rank()], data)
 
 
+def entry_io_counts(buf: bytes) -> tuple[int, int]:
+    """(inputs, outputs) of the block a runner executes: the main (first)
+    region's first block, as the reference model's serialization handler picks it."""
+    graph = _graph(buf)
+    if not graph.RegionsLength() or not graph.Regions(0).BlocksLength():
+        raise ValueError("TOSA flatbuffer has no main block")
+    block = graph.Regions(0).Blocks(0)
+    return block.InputsLength(), block.OutputsLength()
+
+
 def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
     """Every operator of every block, in flatbuffer order, with its traffic."""
     for region, block_name, block in _walk(_graph(buf)):
