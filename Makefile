@@ -19,16 +19,19 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 # the long fuzz profile (issue 6): about FUZZ_EXAMPLES compiled random modules,
-# in two single-threaded processes (one per core), logs in fuzz-*.log
+# in two single-threaded processes (one per core), logs in fuzz-*.log; each
+# passing example is recorded in fuzz-results.jsonl and summarised at the end
 FUZZ_EXAMPLES ?= 300
 FUZZ_SHARDS := "Z- or Y- or analysis or wires or recipes" "X- or W-"
 fuzz: $(STAMP)
-	@pids=; n=0; for k in $(FUZZ_SHARDS); do n=$$((n+1)); \
+	@rm -f fuzz-results.jsonl; pids=; n=0; for k in $(FUZZ_SHARDS); do n=$$((n+1)); \
 	  echo "fuzz shard $$n: -k $$k (log fuzz-$$n.log)"; \
-	  CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:logging \
-	    --hypothesis-show-statistics tests/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
+	  CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CODEC_TOSA_FUZZ_RECORD=$(CURDIR)/fuzz-results.jsonl \
+	    OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:logging --hypothesis-show-statistics \
+	    tests/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
-	for f in fuzz-*.log; do echo "$$f: $$(tail -n 1 $$f)"; done; exit $$rc
+	for f in fuzz-*.log; do echo "$$f: $$(tail -n 1 $$f)"; done; \
+	$(PY) benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/fuzz.json; exit $$rc
 
 demo: $(STAMP)
 	$(VENV)/bin/codec-tosa demo

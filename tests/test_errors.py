@@ -17,13 +17,14 @@ from codec_tosa.cli import main
 from codec_tosa.codecs.calibration import CalibrationError, learn_thetas
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
 from codec_tosa.commutation.table import CommutationTable
-from codec_tosa.compiler import lower_program
+from codec_tosa.compiler import lower_program, one_ulp_away
 from codec_tosa.graph import GraphError, PortGraph
 from codec_tosa.partitioner import simulate
 from codec_tosa.placement import place
 from codec_tosa.placement.semantics import CODE
 from codec_tosa.runtime.executorch_runner import inspect_pte, run_pte
-from codec_tosa.runtime.validate import ValidationError, delegate_payload, read_pte, run_reference_model
+from codec_tosa.runtime.validate import (ValidationError, delegate_payload, read_pte, run_reference_model,
+                                         validate)
 from codec_tosa.spec import CodecSpec
 
 MODEL_FILE = '''
@@ -183,6 +184,36 @@ def test_good_pte_validates_and_reports(files, capsys) -> None:
     rc, _ = cli(capsys, "validate", str(files["good"]))
     assert rc == 0
     assert cli(capsys, "report", str(files["good"]))[0] == 0
+
+
+def test_validate_reports_the_simulation_rounding_sensitivity(files, tmp_path) -> None:
+    """compile (W) records how far the simulation moves under a one-ulp input change;
+    validate still fails an output off by more than one step, and says when the
+    deviation is within that sensitivity (a model that amplifies rounding)."""
+    io = dict(np.load(files["dir"] / "good" / "reference_io.npz"))
+    assert "sensitivity_0" in io and 0.0 <= float(io["sensitivity_0"]) < np.inf
+    step = float(io["step_0"])
+    for sensitivity, note in ((0.0, False), (10 * step, True)):
+        d = tmp_path / f"s{note}"
+        d.mkdir()
+        (d / "model.pte").write_bytes(files["good"].read_bytes())
+        np.savez(d / "reference_io.npz", **{**io, "simulated_0": io["simulated_0"] + 3 * step,
+                                             "sensitivity_0": np.float64(sensitivity)})
+        v = validate(d / "model.pte")
+        assert not v.ok
+        assert v.outputs[0].within_rounding_sensitivity == note
+        assert any("moves by up to" in line for line in v.lines()) == note
+
+
+def test_one_ulp_away_moves_every_float_element_by_one_ulp() -> None:
+    x = torch.randn(1000)
+    idx = torch.arange(3)
+    (y, j) = one_ulp_away((x, idx))
+    assert torch.equal(j, idx)
+    up = torch.nextafter(x, torch.full_like(x, torch.inf))
+    down = torch.nextafter(x, torch.full_like(x, -torch.inf))
+    assert bool(((y == up) | (y == down)).all())
+    assert 0 < int((y > x).sum()) < 1000
 
 
 # ------------------------------------------------------------------ options, tables

@@ -12,6 +12,7 @@ examples in all, randomly.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -26,13 +27,15 @@ from codec_tosa.codecs.calibration import random_calibration
 from codec_tosa.compiler import PTE, REFERENCE_IO, _output_steps, lower_program, reference_io
 from codec_tosa.partitioner import simulate
 from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS
-from codec_tosa.runtime.executorch_runner import inspect_pte, run_pte
+from codec_tosa.runtime.executorch_runner import PteInfo, inspect_pte, run_pte
 from codec_tosa.runtime.validate import Validation, validate
 from codec_tosa.spec import CodecSpec
 
 from fuzz_models import Recipe, build, recipes
 
 LONG = int(os.environ.get("CODEC_TOSA_FUZZ_EXAMPLES", "0"))
+# `make fuzz` appends one JSON line per compiled example here (benchmarks/fuzz_summary.py)
+RECORD = os.environ.get("CODEC_TOSA_FUZZ_RECORD")
 COMBOS = [("Z", COALESCE)] + [(p, pl) for p in "YXW" for pl in PLACEMENTS]
 FAST_PER_COMBO = 2  # 20 compiled examples in CI
 PER_COMBO = max(1, math.ceil(LONG / len(COMBOS))) if LONG else FAST_PER_COMBO
@@ -61,12 +64,30 @@ def check_analysis(recipe: Recipe) -> None:
 def compile_and_validate(recipe: Recipe, policy: str, placement: str, out: Path) -> None:
     model, inputs = build(recipe)
     v = compile_and_validate_module(model, inputs, recipe.seed, policy, placement, out, str(recipe))
-    if v is not None:
-        info = inspect_pte((out / PTE).read_bytes())
-        if not info.operators and len(info.delegate_ids) == 1:
-            # one delegate is the whole program, so its inputs are program
-            # inputs: the reference model must have run
-            assert v.reference_model_ran, recipe
+    info = inspect_pte((out / PTE).read_bytes()) if v is not None else None
+    if info is not None and not info.operators and len(info.delegate_ids) == 1:
+        # one delegate is the whole program, so its inputs are program
+        # inputs: the reference model must have run
+        assert v is not None and v.reference_model_ran, recipe
+    if RECORD:
+        record(recipe, policy, placement, v, info)
+
+
+def record(recipe: Recipe, policy: str, placement: str, v: Validation | None, info: PteInfo | None) -> None:
+    """One passed example, for the long profile's summary."""
+    line = {
+        "policy": policy, "placement": placement, "steps": [s.kind for s in recipe.steps],
+        "outputs": len(recipe.outputs), "delegates": len(info.delegate_ids) if info else 0,
+        "cpu_operators": sorted(set(info.operators)) if info else [],
+        "reference_model_ran": bool(v and v.reference_model_ran),
+        "outputs_compared_on_reference_model": sum(
+            not math.isnan(o.ref_vs_runtime_max_abs) for o in v.outputs) if v else 0,
+        "max_fraction_of_tolerance": max(
+            ((o.vs_expected_max_abs or 0.0) / o.tolerance if o.tolerance else 0.0 for o in v.outputs),
+            default=0.0) if v else 0.0,
+    }
+    with open(RECORD, "a") as f:  # one short write per line: shards can share the file
+        f.write(json.dumps(line) + "\n")
 
 
 def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], seed: int,

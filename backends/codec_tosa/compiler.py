@@ -88,6 +88,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         with torch.no_grad():
             eager = _as_list(loaded.module(*loaded.inputs))
         simulated = simulate(part.last_program, loaded.inputs) if part.last_program is not None else eager
+        sensitivity = (rounding_sensitivity(part.last_program, loaded.inputs, simulated)
+                       if part.last_program is not None and spec.policy != "Z" else None)
         steps.update()
     finally:
         steps.close()
@@ -117,7 +119,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
     try:
         (tmp / PTE).write_bytes(pte)
-        np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output))
+        np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
+                                                     sensitivity))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT):
@@ -128,12 +131,41 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
 
 def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
-                 simulated: Sequence[torch.Tensor], steps: Sequence[float]) -> dict[str, np.ndarray]:
+                 simulated: Sequence[torch.Tensor], steps: Sequence[float],
+                 sensitivity: Sequence[float] | None = None) -> dict[str, np.ndarray]:
     """The arrays of reference_io.npz, as `validate` reads them."""
     return {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
             **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
             **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
-            **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)}}
+            **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)},
+            **{f"sensitivity_{i}": np.float64(s) for i, s in enumerate(sensitivity or ())}}
+
+
+def one_ulp_away(inputs: Sequence[torch.Tensor], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Every floating-point input element moved one ulp up or down (at random)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for x in inputs:
+        if x.is_floating_point():
+            up = torch.rand(x.shape, generator=gen) < 0.5
+            x = torch.nextafter(x, torch.where(up, torch.inf, -torch.inf).to(x.dtype))
+        out.append(x)
+    return tuple(out)
+
+
+def rounding_sensitivity(program: ExportedProgram, inputs: Sequence[torch.Tensor],
+                         simulated: Sequence[torch.Tensor]) -> list[float]:
+    """max |simulation(inputs one ulp away) - simulation(inputs)| per output.
+
+    A lower bound on how far two correct implementations of the plan can differ
+    when they round differently: a deep model can amplify one flipped code into
+    many quantisation steps at its outputs (validate reports it beside the
+    one-step criterion)."""
+    from codec_tosa.partitioner import simulate
+
+    moved = simulate(program, one_ulp_away(inputs))
+    return [float((m.reshape(s.shape) - s).abs().max()) if s.numel() else 0.0
+            for m, s in zip(moved, simulated)]
 
 
 def _output_steps(part: Any, eager: list[torch.Tensor]) -> list[float]:

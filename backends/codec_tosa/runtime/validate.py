@@ -37,6 +37,17 @@ class OutputCheck:
     vs_expected_max_abs: float | None
     tolerance: float | None
     sqnr_db: float | None
+    # how far the simulation itself moves when the inputs move by one ulp (compile
+    # measures it for compressed policies); diagnostic only, not a tolerance
+    sensitivity: float | None = None
+
+    @property
+    def within_rounding_sensitivity(self) -> bool:
+        """Beyond the tolerance, but no farther than the expected output moves itself
+        under a one-ulp change of the inputs."""
+        d = self.vs_expected_max_abs
+        return (self.sensitivity is not None and d is not None
+                and (self.tolerance or 0.0) < d <= self.sensitivity)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +78,10 @@ class Validation:
             ref = ("reference model not compared" if math.isnan(o.ref_vs_runtime_max_abs) else
                    f"reference model vs runtime max |diff| {o.ref_vs_runtime_max_abs:.3g}")
             out.append(f"  output {o.index}: {ref}{exp}{sq}: {'ok' if o.ok else 'FAIL'}")
+        out += [f"  note: output {o.index} is off by more than one step, but the {self.expected} itself "
+                f"moves by up to {o.sensitivity:.3g} when the inputs move by one ulp: this model amplifies "
+                "rounding beyond one step, so that criterion cannot tell a miscompilation here (see the SQNR)"
+                for o in self.outputs if o.within_rounding_sensitivity]
         out += [f"  note: {n}" for n in self.notes]
         out.append("PASS" if self.ok else "FAIL")
         return out
@@ -258,5 +273,6 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
                 tol += Z_RTOL * span
         if eager is not None:
             sq = sqnr_db(eager[i].reshape(out.shape), out)
-        result.outputs.append(OutputCheck(i, diff, exp_diff, tol, sq))
+        sens = float(io[f"sensitivity_{i}"]) if f"sensitivity_{i}" in io and not reference else None
+        result.outputs.append(OutputCheck(i, diff, exp_diff, tol, sq, sens))
     return result
