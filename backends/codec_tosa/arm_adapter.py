@@ -71,6 +71,7 @@ def lower_into(
         dedup_const_shapes = hasattr(serializer, "graph_owned_constants")
     with ExitStack() as patches:
         patches.enter_context(_graph_owned_constants_marked())
+        patches.enter_context(_cat_with_repeated_inputs_kept())
         if dedup_const_shapes:
             patches.enter_context(_const_shape_dedup_after_arm_passes(serializer))
         TOSABackend._preprocess_module(
@@ -92,6 +93,34 @@ def _patched(owner: Any, attribute: str, replacement: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, attribute, original)
+
+
+@contextmanager
+def _cat_with_repeated_inputs_kept() -> Iterator[None]:
+    """Work around an executorch 1.5.1 bug that drops a concatenation.
+
+    `PropagateViewCopyPermuteUpPass._maybe_split_upwards_cat_fanout` rebuilds a
+    cat's tensor list from `all_input_nodes`, which lists each node once, so
+    `cat([a, a])` followed by a permute becomes `cat([a])` and then `a`
+    (RemoveNoopPass): a convolution after it gets half its input channels and
+    the reference model aborts (found by the long fuzz profile; stock
+    TOSAPartitioner + TOSABackend does the same). Such cats are left unsplit,
+    which is always correct; other cats are untouched.
+    """
+    from executorch.backends.transforms.propagate_view_copy_permute_pass import (
+        PropagateViewCopyPermuteUpPass as Up,
+    )
+
+    split = Up.__dict__["_maybe_split_upwards_cat_fanout"]
+
+    def guarded(self: Any, node: Any, next_node: Any) -> bool:
+        tensors = next_node.args[0] if next_node.args else ()
+        if isinstance(tensors, (list, tuple)) and len(set(tensors)) != len(tensors):
+            return False
+        return split(self, node, next_node)
+
+    with _patched(Up, "_maybe_split_upwards_cat_fanout", guarded):
+        yield
 
 
 @contextmanager

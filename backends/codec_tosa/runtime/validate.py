@@ -150,15 +150,68 @@ def _check_payload(payload: bytes, path: str | Path) -> None:
 
 
 def run_reference_model(payload: bytes, inputs: list[np.ndarray], path: str | Path) -> list[np.ndarray]:
+    """Run the delegate on the TOSA reference model's Python binding, in a forked
+    child: the binding crashes its process (SIGSEGV) when a graph it accepted
+    fails during evaluation, and validate must report that, not die of it. The
+    child's console output is captured; a crash is reported with the reference
+    model's own ERROR_IF reason."""
+    import multiprocessing
+    import tempfile
+
+    ctx = multiprocessing.get_context("fork")
+    with tempfile.TemporaryFile() as console:
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_reference_model_child, args=(payload, inputs, send, console.fileno()),
+                            daemon=True)
+        child.start()
+        send.close()
+        try:
+            kind, value = receive.recv()
+        except EOFError:  # the child died without answering
+            kind, value = "crash", None
+        child.join()
+        console.seek(0)
+        output = console.read().decode(errors="replace")
+    if kind == "crash":
+        raise ValidationError(f"{path}: the TOSA reference model crashed on the delegate "
+                              f"(exit code {child.exitcode}): {_error_if_reason(output)}")
+    if kind == "rejected":
+        raise ValidationError(f"{path}: the TOSA reference model rejects the delegate: {value}")
+    if kind == "status":
+        raise ValidationError(f"{path}: the TOSA reference model returned status {value}")
+    return value
+
+
+def _reference_model_child(payload: bytes, inputs: list[np.ndarray], send: Any, console: int) -> None:
+    import faulthandler
+    import os
+
+    faulthandler.disable()  # a crash is reported by the parent, without a Python traceback
+    os.dup2(console, 1)
+    os.dup2(console, 2)
     import tosa_reference_model as trm
 
     try:
         outs, status = trm.run(payload, inputs)
     except ValueError as e:
-        raise ValidationError(f"{path}: the TOSA reference model rejects the delegate: {e}") from None
+        send.send(("rejected", str(e)))
+        return
     if status != trm.GraphStatus.TOSA_VALID:
-        raise ValidationError(f"{path}: the TOSA reference model returned status {status}")
-    return list(outs)
+        send.send(("status", str(status)))
+        return
+    send.send(("ok", [np.asarray(o) for o in outs]))
+
+
+def _error_if_reason(output: str) -> str:
+    """The reference model prints `ERROR_IF() fails AT file:line eval(): (cond)`
+    and then the operator's message; one line of both."""
+    lines = [line.strip() for line in output.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith("ERROR_IF() fails"):
+            cond = line.rsplit("eval():", 1)[-1].strip()
+            message = lines[i + 1] if i + 1 < len(lines) else ""
+            return f"{message} (ERROR_IF {cond})" if message else f"ERROR_IF {cond}"
+    return "the graph fails during evaluation (no ERROR_IF reason printed)"
 
 
 @dataclass(frozen=True)
