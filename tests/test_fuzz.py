@@ -104,10 +104,10 @@ def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tens
         eager = list(model(*inputs))
     info = inspect_pte(lowered.pte)
     if not info.delegate_ids:
-        # nothing worth delegating (only layout operators, which Arm drops):
-        # a CPU-only program, which must still compute the model
-        # ExecuTorch's CPU kernels round differently from eager's (batch norm),
-        # so this is held to validate's policy-Z criterion, not to allclose
+        # nothing worth delegating (layout operators Arm drops, a lone batch
+        # norm): a CPU-only program, which must still compute the model. Its
+        # kernels round differently from eager's, so it is held to validate's
+        # policy-Z criterion, not to allclose
         outs = run_pte(lowered.pte, list(inputs))
         assert all(float((o.reshape(e.shape) - e).abs().max()) <= Z_RTOL * float(e.abs().max())
                    for o, e in zip(outs, eager) if e.numel()), what

@@ -114,16 +114,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import json
 
-    from codec_tosa.runtime.validate import ValidationError, delegate_payload, delegate_provenance, read_pte
-    from codec_tosa.serialization.tosa_stats import tosa_stats
+    from codec_tosa.runtime.validate import delegate_payload, delegate_provenance, payload_stats, read_pte
 
     data = read_pte(args.pte)
-    try:
-        stats = tosa_stats(delegate_payload(data, args.pte))
-    except ValidationError:
-        raise
-    except ValueError as e:
-        raise CliError(f"{args.pte}: the delegate payload is unusable: {e}") from None
+    payload = delegate_payload(data, args.pte)
+    stats = payload_stats(payload, args.pte)
     prov = delegate_provenance(data)
     print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
     print(f"versions: {prov.get('versions')}")
@@ -138,7 +133,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / 2**20:.4g} MiB")
     from codec_tosa.serialization.pooling_record import read_pooling_stats
 
-    pooling = read_pooling_stats(data, delegate_payload(data, args.pte))
+    pooling = read_pooling_stats(data, payload)
     if pooling is None:
         print("constant pooling: off (no pooling record in the .pte)")
     else:

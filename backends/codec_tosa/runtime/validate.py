@@ -22,6 +22,7 @@ from codec_tosa.partitioner import BACKEND_ID
 
 if TYPE_CHECKING:
     from codec_tosa.runtime.executorch_runner import PteInfo
+    from codec_tosa.serialization.tosa_stats import TosaStats
 
 Z_RTOL = 1e-4
 
@@ -138,13 +139,14 @@ def delegate_provenance(data: bytes) -> dict[str, Any]:
     return {}
 
 
-def _check_payload(payload: bytes, path: str | Path) -> None:
-    """Walk the flatbuffer in Python first: the reference model does not verify
-    its input and can crash the process on a corrupt payload."""
+def payload_stats(payload: bytes, path: str | Path) -> "TosaStats":
+    """The payload's TOSA statistics; walking the flatbuffer in Python also refuses
+    a corrupt payload before the reference model (which does not verify its
+    input) can crash on it."""
     from codec_tosa.serialization.tosa_stats import tosa_stats
 
     try:
-        tosa_stats(payload)
+        return tosa_stats(payload)
     except ValueError as e:
         raise ValidationError(f"{path}: the {BACKEND_ID} delegate is unusable: {e}") from None
 
@@ -224,22 +226,22 @@ class DelegateWiring:
     output_of: tuple[int | None, ...]  # for each program output: its delegate output, if any
 
 
-def delegate_wiring(info: "PteInfo", payload: bytes) -> DelegateWiring:
-    """Raises ValidationError (with the reason) when the delegate cannot be run
-    alone on the program's inputs."""
+def delegate_wiring(info: "PteInfo", payload: bytes, path: str | Path) -> DelegateWiring:
+    """Raises ValidationError (naming `path` and the reason) when the delegate
+    cannot be run alone on the program's inputs."""
     from codec_tosa.serialization.tosa_stats import entry_io_counts
 
     calls = [c for c in info.delegate_calls if c.delegate_id == BACKEND_ID]
     if len(calls) != 1:
-        raise ValidationError(f"the program calls {BACKEND_ID} {len(calls)} times")
+        raise ValidationError(f"{path}: the program calls {BACKEND_ID} {len(calls)} times")
     n_in, n_out = entry_io_counts(payload)
     args = calls[0].tensor_args
     if len(args) != n_in + n_out:
-        raise ValidationError(f"the delegate call passes {len(args)} tensors to a TOSA graph "
+        raise ValidationError(f"{path}: the delegate call passes {len(args)} tensors to a TOSA graph "
                               f"with {n_in} inputs and {n_out} outputs")
     ins, outs = args[:n_in], args[n_in:]
     if any(a not in info.inputs for a in ins):
-        raise ValidationError("the delegate reads values computed on the CPU "
+        raise ValidationError(f"{path}: the delegate reads values computed on the CPU "
                               f"(CPU operators {sorted(set(info.operators))})")
     return DelegateWiring(tuple(info.inputs.index(a) for a in ins),
                           tuple(outs.index(v) if v in outs else None for v in info.outputs))
@@ -254,7 +256,7 @@ def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
 def validate(pte: str | Path, reference_io: str | Path | None = None,
              inputs: list[torch.Tensor] | None = None) -> Validation:
     """Validate `pte`; `reference_io` is compile's npz (default: beside the .pte, if present)."""
-    from codec_tosa.runtime.executorch_runner import PteRunError, run_pte
+    from codec_tosa.runtime.executorch_runner import PteRunError, inspect_pte, run_pte
 
     data = read_pte(pte)
     payload = delegate_payload(data, pte)
@@ -268,17 +270,12 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
         inputs = [torch.from_numpy(io[f"input_{i}"]) for i in range(sum(k.startswith("input_") for k in io))]
     result = Validation(str(pte), policy, "none", reference_model_ran=False)
 
-    _check_payload(payload, pte)
+    payload_stats(payload, pte)
     rejected: ValidationError | None = None
-    from codec_tosa.runtime.executorch_runner import inspect_pte
-
     info = inspect_pte(data)
     wiring: DelegateWiring | None = None
     try:
-        try:
-            wiring = delegate_wiring(info, payload)
-        except ValidationError as e:
-            raise ValidationError(f"{pte}: {e}") from None
+        wiring = delegate_wiring(info, payload, pte)
         ref_outs = run_reference_model(
             payload, [inputs[i].numpy() for i in wiring.input_positions], pte)
         result.reference_model_ran = True
