@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-all demo fuzz clean
 
-$(STAMP): requirements.txt constraints.txt setup.py
+$(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -28,7 +28,7 @@ fuzz: $(STAMP)
 	  echo "fuzz shard $$n: -k $$k (log fuzz-$$n.log)"; \
 	  CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CODEC_TOSA_FUZZ_RECORD=$(CURDIR)/fuzz-results.jsonl \
 	    OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:logging --hypothesis-show-statistics \
-	    tests/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
+	    tests/fuzz/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for f in fuzz-*.log; do echo "$$f: $$(tail -n 1 $$f)"; done; \
 	$(PY) benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/fuzz.json; exit $$rc

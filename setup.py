@@ -1,10 +1,19 @@
 """codec_tosa: an ExecuTorch backend for Arm TOSA with non-local codec placement."""
 
+from pathlib import Path
+
 from setuptools import setup
+
+
+def _pins(name: str) -> list[str]:
+    """The exact pins of requirements/NAME.txt (one source for pip and setup.py)."""
+    lines = (Path(__file__).parent / "requirements" / f"{name}.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
 
 setup(
     name="codec_tosa",
-    version="0.1.0",
+    version="0.2.0",
     description="ExecuTorch TOSA backend with non-local compressed-operand codec placement",
     python_requires=">=3.11,<3.12",
     package_dir={
@@ -16,11 +25,16 @@ setup(
         "codec_tosa.commutation",
         "codec_tosa.placement",
         "codec_tosa.codecs",
+        "codec_tosa._passes",
         "codec_tosa.serialization",
         "codec_tosa.runtime",
+        "codec_tosa.tools",
+        "codec_tosa.tools.tables",
         "codec_tosa_examples",
         "codec_tosa_examples.models",
     ],
     package_data={"codec_tosa.runtime": ["cpp/*.cpp", "cpp/*.h"]},
-    entry_points={"console_scripts": ["codec-tosa = codec_tosa.cli:main"]},
+    install_requires=_pins("base"),
+    extras_require={"models": _pins("models"), "dev": _pins("dev")},
+    entry_points={"console_scripts": ["codec-tosa = codec_tosa.tools.cli:main"]},
 )

@@ -11,7 +11,7 @@ and in this order:
 All four use the same calibration (the example input plus 3 seeded random
 inputs). Every configuration is lowered with the same timed code
 (`to_edge_transform_and_lower`, then `.to_executorch()`, as
-`codec_tosa.compiler.lower_program` does), and for each one the script reports
+`codec_tosa.tools.compiler.lower_program` does), and for each one the script reports
 TOSA operators, RESCALE count, TOSA traffic and payload bytes read back from
 the delegate payload(s) (`tosa_stats`), lowering wall time and its ratio
 against stock, and the validation error:
@@ -92,13 +92,13 @@ class Row:
 
 def calibration_set(inputs: Inputs, n_random: int = CALIBRATION_RANDOM) -> list[Inputs]:
     """The example input plus `n_random` seeded random inputs (as `codec-tosa compile`)."""
-    from codec_tosa.codecs.calibration import random_calibration
+    from codec_tosa.calibration import random_calibration
 
     return [tuple(inputs)] + random_calibration(inputs, n_random)
 
 
 def load(model: str) -> tuple[torch.nn.Module, Inputs]:
-    from codec_tosa import model_libs
+    from codec_tosa.tools import model_libs
 
     model_libs.prepare()
     from codec_tosa_examples.models import load_model
@@ -113,7 +113,7 @@ def export(module: torch.nn.Module, inputs: Inputs) -> ExportedProgram:
 
 
 def as_list(out: Any) -> list[torch.Tensor]:
-    from codec_tosa.compiler import _as_list
+    from codec_tosa.tools.compiler import _as_list
 
     return [t.detach() for t in _as_list(out)]
 
@@ -183,7 +183,7 @@ class ReferenceModelInterpreter(torch.fx.Interpreter):
 
         if n.op != "call_function" or n.target is not executorch_call_delegate:
             return super().run_node(n)
-        from codec_tosa.runtime.validate import run_reference_model
+        from codec_tosa.tools.reference_model import run_reference_model
 
         lowered, *args = self.fetch_args_kwargs_from_env(n)[0]
         arrays = [a.detach().contiguous().numpy() for a in args]
@@ -201,7 +201,7 @@ def _tensor_like(array: np.ndarray, like: Any) -> torch.Tensor:
 
 
 def run_on_reference_model(edge: Any, inputs: Inputs) -> list[torch.Tensor]:
-    from codec_tosa.codecs.calibration import lifted_args
+    from codec_tosa.calibration import lifted_args
 
     ep = edge.exported_program()
     with torch.no_grad():
@@ -210,7 +210,7 @@ def run_on_reference_model(edge: Any, inputs: Inputs) -> list[torch.Tensor]:
 
 
 def sqnr(signal: torch.Tensor, approx: torch.Tensor) -> float:
-    from codec_tosa.runtime.validate import sqnr_db
+    from codec_tosa.tools.validate import sqnr_db
 
     return sqnr_db(signal.float().numpy(), approx.float().reshape(signal.shape).numpy())
 
@@ -277,14 +277,8 @@ def payload_row(model: str, config: str, tosa: str, edge: Any) -> Row:
     return row
 
 
-def modeled_traffic(part: Any, fused_transcode: bool) -> int | None:
-    from codec_tosa.traffic import measure
-
-    if part.last_placement is None or part.last_placement_graph is None:
-        return None
-    placement = part.last_placement
-    return measure(part.last_placement_graph, placement.semantics, placement.plan,
-                   fused_transcode, per_op=False).traffic_bytes
+def modeled_traffic(part: Any) -> int | None:
+    return part.planned.traffic().traffic_bytes if part.planned is not None else None
 
 
 # --------------------------------------------------------------------------- configurations
@@ -309,18 +303,20 @@ def run_stock(model: str, module: torch.nn.Module, inputs: Inputs, calibration: 
 
 def run_ours(model: str, placement: str, module: torch.nn.Module, inputs: Inputs,
              calibration: Sequence[Inputs], eager: list[torch.Tensor]) -> Row:
-    from codec_tosa.compiler import _output_steps
-    from codec_tosa.partitioner import CodecTosaPartitioner, simulate
+    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
+    from codec_tosa.tools.compiler import fp32_steps
 
     spec = CodecSpec(policy=POLICY, placement=placement)
     part = CodecTosaPartitioner(spec, calibration=calibration)
     low = timed_lower(export(module, inputs), part)
     row = payload_row(model, placement, spec.tosa_spec, low.edge)
     row.lowering_s, row.serialisation_s = low.lowering_s, low.serialisation_s
-    row.modeled_traffic_bytes = modeled_traffic(part, spec.fused_transcode)
-    simulated = as_list(simulate(part.last_program, inputs))
-    err = compare(run_on_reference_model(low.edge, inputs), simulated, _output_steps(part, eager), eager)
+    row.modeled_traffic_bytes = modeled_traffic(part)
+    simulated = as_list(simulate(part.planned, inputs))
+    steps = part.planned.output_steps(fp32_steps(eager))
+    err = compare(run_on_reference_model(low.edge, inputs), simulated, steps, eager)
     _set_error(row, err, "simulate()")
     return row
 

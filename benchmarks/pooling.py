@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from codec_tosa import arm_adapter  # noqa: E402
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats  # noqa: E402
-from codec_tosa.serialization.reference_check import bit_identical, reference_inputs  # noqa: E402
+from codec_tosa.tools.reference_model import bit_identical, reference_inputs  # noqa: E402
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats  # noqa: E402
 
 MODES = {"fp": "TOSA-1.0+FP", "int8": "TOSA-1.0+INT", "w": "TOSA-1.0+INT+FP"}

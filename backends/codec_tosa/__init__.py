@@ -2,7 +2,8 @@
 
 Public API: `analyze`, `CommutationTable`, `PolicyOrder`, `Row`, `CodecSpec`,
 `CodecTosaPartitioner`, `CodecTosaBackend`. The ExecuTorch-facing names are
-imported on first use, so that `analyze` alone does not load executorch.
+imported on first use, so that `import codec_tosa` does not load executorch's
+Arm backend (analysing a program still loads the parts of executorch it uses).
 """
 
 from typing import Any

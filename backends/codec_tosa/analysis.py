@@ -13,7 +13,8 @@ from torch.export import ExportedProgram
 from codec_tosa.commutation.table import CommutationTable, warn_missing
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import COALESCE, Codec, Domain, Placement, place
-from codec_tosa.traffic import MIB, OpTraffic, Traffic, measure
+from codec_tosa.traffic import OpTraffic, Traffic, measure
+from codec_tosa.units import MIB
 
 
 @dataclass
@@ -102,8 +103,8 @@ def prepare_program(program: ExportedProgram, fold_batch_norm: bool = False) -> 
     batch norms folded into their convolutions as the partitioner folds them.
     Folding is off by default: the published figures count the exported graph,
     batch norms included. Returns the program with what was rewritten."""
-    from codec_tosa.fold_batch_norm import fold_batch_norms
-    from codec_tosa.standalone_ops import fuse_standalone_ops
+    from codec_tosa._passes.fold_batch_norm import fold_batch_norms
+    from codec_tosa._passes.fuse_standalone_ops import fuse_standalone_ops
 
     ep = program.run_decompositions()
     counts = {"batch_norm": fold_batch_norms(ep) if fold_batch_norm else 0}

@@ -165,7 +165,7 @@ def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
     from executorch.backends.arm._passes import ArmPassManager
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from codec_tosa.serialization.const_shape_dedup import dedup_const_shapes
+    from codec_tosa._passes.const_shape_dedup import dedup_const_shapes
 
     target = exir_ops.backend.tosa.CONST_SHAPE.default
     pipeline = ArmPassManager.transform_to_backend_pipeline

@@ -10,11 +10,15 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from codec_tosa import arm_adapter
-from codec_tosa.placement.materialize import materialize
+from codec_tosa._passes.materialize_codecs import materialize
 from codec_tosa.plan_meta import has_plan
-from codec_tosa.provenance import read_provenance
+from codec_tosa.provenance import read_options
 from codec_tosa.serialization.pooled import PooledTosaSerializer
 from codec_tosa.serialization.pooling_record import pooling_record
+
+
+# ExecuTorch finds backends by class name; the .pte names the delegate by it.
+BACKEND_ID = "CodecTosaBackend"
 
 
 @final
@@ -28,8 +32,7 @@ class CodecTosaBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         arm_spec = arm_adapter.compile_spec_from_list(compile_specs)
-        options = read_provenance(compile_specs).get("spec", {})
-        pool = bool(options.get("pool_constants", True))
+        pool = bool(read_options(compile_specs).get("pool_constants", True))
         if has_plan(edge_program.graph_module):
             edge_program = materialize(edge_program)
         serializer = arm_adapter.new_serializer(
@@ -42,4 +45,6 @@ class CodecTosaBackend(BackendDetails):
                                 data_store_output=pooling_record(serializer.stats, payload))
 
 
-__all__ = ["CodecTosaBackend"]
+assert CodecTosaBackend.__name__ == BACKEND_ID
+
+__all__ = ["BACKEND_ID", "CodecTosaBackend"]

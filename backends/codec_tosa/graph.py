@@ -7,7 +7,7 @@ and is walked in linear time. `PortGraph.from_fx` builds it from a core-ATen or
 edge-dialect `torch.fx.GraphModule`; `GraphBuilder` builds hand-made and
 synthetic graphs without FX (tests, benchmarks).
 
-Vocabulary (CODEC_PLACEMENT.md section 2):
+Vocabulary (docs/DESIGN.md, "Objects"):
 * operator: a `call_function` node other than `getitem`;
 * value: an output port of an operator or a placeholder;
 * use: an input port of an operator (variadic list arguments expanded, one

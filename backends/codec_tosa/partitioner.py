@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -12,18 +11,13 @@ from torch.export import ExportedProgram
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter
-from codec_tosa.backend import CodecTosaBackend
-from codec_tosa.codecs.base import Theta
-from codec_tosa.codecs.calibration import learn_thetas, random_calibration
-from codec_tosa.fold_batch_norm import fold_batch_norms
-from codec_tosa.graph import PortGraph, has_empty_tensor
-from codec_tosa.placement import Placement, place
-from codec_tosa.placement.materialize import int8_unsupported
-from codec_tosa.plan_meta import write_plan_meta
-from codec_tosa.provenance import provenance_specs
+from codec_tosa._passes.fold_batch_norm import fold_batch_norms
+from codec_tosa.backend import BACKEND_ID
+from codec_tosa.calibration import random_calibration
+from codec_tosa.graph import has_empty_tensor
+from codec_tosa.planning import PlannedProgram, plan_program
+from codec_tosa.provenance import option_specs, provenance_specs
 from codec_tosa.spec import CodecSpec
-
-BACKEND_ID = CodecTosaBackend.__name__  # ExecuTorch finds backends by class name
 
 
 class CodecTosaPartitioner(Partitioner):
@@ -41,10 +35,8 @@ class CodecTosaPartitioner(Partitioner):
         self._arm = arm_adapter.stock_partitioner(self.arm_spec, additional_checks=[_NoEmptyTensors()])
         self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
         self._real_state: dict[str, torch.Tensor] = {}
-        self.last_placement: Placement | None = None
-        self.last_placement_graph: PortGraph | None = None
-        self.last_program: ExportedProgram | None = None  # the planned edge program, real weights
-        self.last_thetas: dict[int, Theta] = {}
+        # what `partition` planned (the compiler and the simulation read it)
+        self.planned: PlannedProgram | None = None
 
     # Arm's hooks, so that to_edge_transform_and_lower prepares the graph as for Arm.
     # They are also the only places that see the real weights: ExecuTorch hands
@@ -66,24 +58,11 @@ class CodecTosaPartitioner(Partitioner):
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
         self._real_state.update(_lifted_constants(ep))
-        graph = PortGraph.from_program(ep)
-        # operators left on the CPU run FP32, so partition boundaries are plain;
-        # so do those Arm's lowering cannot take with encoded ports
-        plain_ops = [op for op in range(graph.num_ops)
-                     if "delegation_tag" not in graph.fx_op_node[op].meta  # type: ignore[union-attr]
-                     or int8_unsupported(graph, op) is not None]
-        table = self.codec_spec.commutation_table
-        result = place(graph, table, self.codec_spec.policy, self.codec_spec.placement,
-                       fused_transcode=self.codec_spec.fused_transcode, plain_ops=plain_ops)
-        thetas = learn_thetas(ep, graph, result.plan, self._calibration(ep),
-                              real_state=self._real_state) if result.plan.domains else {}
-        write_plan_meta(graph, result.semantics, result.plan, thetas)
-        self.last_placement, self.last_thetas = result, thetas
-        self.last_placement_graph = graph
-        self.last_program = _real_copy(ep, self._real_state)
-
-        specs = list(self.delegation_spec.compile_specs) + provenance_specs(
-            self.codec_spec, plan_json(graph, result, thetas))
+        # operators left on the CPU run FP32, so partition boundaries are plain
+        delegated = {n.name for n in ep.graph.nodes if "delegation_tag" in n.meta}
+        self.planned = plan_program(ep, self.codec_spec, self._calibration(ep), self._real_state, delegated)
+        specs = (list(self.delegation_spec.compile_specs) + option_specs(self.codec_spec)
+                 + provenance_specs(self.codec_spec, self.planned.to_json()))
         delegation = DelegationSpec(BACKEND_ID, specs)
         tags = {tag: delegation for tag in arm_result.partition_tags}
         return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
@@ -126,40 +105,4 @@ def _lifted_constants(ep: ExportedProgram) -> dict[str, torch.Tensor]:
     return out
 
 
-def _real_copy(ep: ExportedProgram, real_state: dict[str, torch.Tensor]) -> ExportedProgram:
-    """A copy of the planned program with real weights, for the PyTorch simulation."""
-    gm = copy.deepcopy(ep.graph_module)
-    state = {k: real_state.get(k, v) for k, v in ep.state_dict.items()}
-    return ExportedProgram(
-        root=gm, graph=gm.graph, graph_signature=copy.deepcopy(ep.graph_signature),
-        state_dict=state, range_constraints=copy.deepcopy(ep.range_constraints),
-        module_call_graph=copy.deepcopy(ep.module_call_graph), constants=dict(ep.constants),
-        verifiers=[ep.verifier])
-
-
-def simulate(program: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the plan in PyTorch: the materialised program (q/dq = fake quantisation) in eager."""
-    from codec_tosa.codecs.calibration import lifted_args
-    from codec_tosa.placement.materialize import materialize
-
-    sim = materialize(_real_copy(program, {}))
-    with torch.no_grad():
-        out = torch.fx.Interpreter(sim.graph_module).run(*lifted_args(sim, inputs))
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def plan_json(graph: PortGraph, result: Placement, thetas: dict[int, Theta]) -> dict[str, Any]:
-    """A compact, deterministic description of the plan for the delegate's provenance."""
-    plan = result.plan
-    return {
-        "domains": [
-            {"id": d.id, "dominator": d.dominator,
-             **({"scale": thetas[d.id].scale, "zero_point": thetas[d.id].zero_point}
-                if d.id in thetas else {})}
-            for d in plan.domains
-        ],
-        "codecs": [c.to_json() for c in plan.codecs],
-    }
-
-
-__all__ = ["BACKEND_ID", "CodecTosaPartitioner", "plan_json"]
+__all__ = ["CodecTosaPartitioner"]

@@ -2,11 +2,13 @@
 
 ExecuTorch hands `preprocess` a copy of each partition with node meta intact,
 so the partitioner writes, on every operator node, what each of its ports
-carries. The codecs themselves follow from the ports (CODEC_PLACEMENT.md,
-"Codec materialisation"): the backend re-derives them per partition, which
-also makes partition boundaries plain.
+carries, and for an operator with offline-encoded weights the table's facts
+the lowering needs. The codecs themselves follow from the ports
+(docs/DESIGN.md, "Materialisation"): the backend re-derives them per
+partition, which also makes partition boundaries plain.
 
-``node.meta[KEY] = {"in": {"input[0]": PortCodec, ...}, "out": {0: PortCodec}}``
+``node.meta[KEY] = {"in": {"input[0]": PortCodec, ...}, "out": {0: PortCodec},
+"facts": OpFacts | None}``
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from codec_tosa.codecs.base import Theta
+from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import OUTPUT_OP, PortGraph
 from codec_tosa.placement.plan import Plan
 from codec_tosa.placement.semantics import CODE, WEIGHT, Semantics
@@ -32,11 +35,22 @@ class PortCodec:
     weight: bool = False
 
 
+@dataclass(frozen=True)
+class OpFacts:
+    """From the operator's table row: what its INT8 lowering needs to know."""
+
+    axis: int | None  # per-channel weight scales along this axis; None: one scale per tensor
+    bias: str | None  # argument stored as int32 codes at scale s(bias_scale_of) * s(weight)
+    bias_scale_of: str | None
+    refusal: str | None  # why Arm's lowering cannot take it encoded (None: it can)
+
+
 def in_key(graph: PortGraph, port: int) -> str:
     return f"{graph.in_arg[port]}[{graph.in_item[port]}]"
 
 
-def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[int, Theta]) -> None:
+def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[int, Theta],
+                    table: CommutationTable) -> None:
     """Record each encoded port on its FX operator node (graph built by `PortGraph.from_fx`)."""
     for op in range(graph.num_ops):
         node = graph.fx_op_node[op]
@@ -54,8 +68,13 @@ def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[i
             for v in graph.op_out[op]
             if sem.out_code[v]
         }
+        facts = None
+        row = table.lookup(graph.op_target[op])
+        if (ins or outs) and row is not None:
+            facts = OpFacts(row.weight_axis, row.bias, row.bias_scale_of,
+                            row.int8_refusal(lambda name: graph.op_argument(op, name)))
         if ins or outs:
-            node.meta[KEY] = {"in": ins, "out": outs}
+            node.meta[KEY] = {"in": ins, "out": outs, "facts": facts}
         else:
             node.meta.pop(KEY, None)
 
@@ -79,6 +98,12 @@ def read_port_codecs(graph: PortGraph) -> tuple[list[PortCodec | None], list[Por
         if meta:
             outs[v] = meta["out"].get(graph.val_slot[v])
     return ins, outs
+
+
+def read_op_facts(graph: PortGraph, op: int) -> OpFacts | None:
+    node = graph.fx_op_node[op]
+    meta = node.meta.get(KEY) if node is not None else None
+    return meta.get("facts") if meta else None
 
 
 def has_plan(gm: torch.fx.GraphModule) -> bool:

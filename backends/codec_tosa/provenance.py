@@ -1,4 +1,5 @@
-"""Provenance carried in the delegate's compile specs (and so in the .pte)."""
+"""What the delegate's compile specs carry besides Arm's: the options the backend
+acts on, and the provenance (versions, spec, plan) that ends up in the .pte."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ def _version(pkg: str) -> str:
         return version(pkg)
     except PackageNotFoundError:
         return "unknown"
+
+
+OPTIONS = PREFIX + "options"
+
+
+def option_specs(spec: Any) -> list[CompileSpec]:
+    """The options `CodecTosaBackend.preprocess` acts on (a channel of their own)."""
+    return [CompileSpec(OPTIONS, json.dumps({"pool_constants": spec.pool_constants},
+                                            sort_keys=True).encode())]
+
+
+def read_options(specs: Sequence[Any]) -> dict[str, Any]:
+    return read_provenance(specs).get("options", {})
 
 
 def provenance_specs(spec: Any, plan: dict[str, Any]) -> list[CompileSpec]:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from codec_tosa.codecs.int8 import DEFAULT_CODEC, Int8Affine
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.placement.domains import COALESCE, check_placement
 
@@ -38,13 +39,19 @@ class CodecSpec:
         return self.policy == self.commutation_table.order.reference
 
     @property
+    def activation_codec(self) -> Int8Affine:
+        """The codec whose theta calibration learns for each domain."""
+        return DEFAULT_CODEC
+
+    @property
     def tosa_spec(self) -> str:
         if self.tosa:
             return self.tosa
         return FP_ONLY if self.reference else INT_FP
 
     def to_json(self) -> dict[str, Any]:
-        return {"policy": self.policy, "placement": self.placement, "tosa": self.tosa_spec,
+        return {"policy": self.policy, "reference": self.reference, "placement": self.placement,
+                "tosa": self.tosa_spec,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "custom_table": self.table is not None}
 

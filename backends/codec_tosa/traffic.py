@@ -1,4 +1,4 @@
-"""The traffic model: the only code that turns ports into bytes (CODEC_PLACEMENT.md section 4).
+"""The traffic model: the only code that turns ports into bytes (docs/DESIGN.md, "Traffic model").
 
 * storage: parameters, buffers and lifted constants as stored; a constant that
   reaches an offline-encoded weight port (possibly through folded layout
@@ -26,7 +26,6 @@ from codec_tosa.placement.semantics import PLAIN, WEIGHT, Semantics
 CODE_BYTES = 1  # INT8 codes
 SCALE_BYTES = 4  # FP32 scale
 ZERO_POINT_BYTES = 4  # INT32 zero point
-MIB = float(1 << 20)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codec_tosa import model_libs
+from codec_tosa.tools import model_libs
 
 Example = tuple[nn.Module, tuple[torch.Tensor, ...]]
 

@@ -11,6 +11,20 @@ argument names (`input`, `tensors`, `self`, ...) and `out` (every output) or
 * `weights`: encoded input ports whose constant operands (parameters) are
   encoded offline, per channel, with no runtime codec.
 
+and the operator's facts for the INT8 lowering, beside the variant they
+serve (docs/DESIGN.md, "Operator facts"):
+
+* `weight_axis`: the axis of the per-channel weight scales (None: one scale
+  per tensor, as Arm's MATMUL rescale needs);
+* `bias`, `bias_scale_of`: the argument stored as int32 codes at scale
+  ``s(bias_scale_of) * s(weight)``, and the activation argument that is;
+* `int8_lowering`: why Arm's TOSA lowering cannot take the operator with
+  encoded ports (None: it can); the compiler keeps such operators FP32;
+* `int8_refused_if`: boolean arguments that, when true, keep it FP32 too.
+
+A user table's row inherits the facts of the built-in row for its operator
+unless it states them.
+
 Operators missing from the table are FP32, with one warning listing them.
 Edge-dialect `*_copy` spellings are listed beside their core-ATen names.
 """
@@ -21,13 +35,16 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from codec_tosa.commutation.policy import PolicyOrder
 
 OUT = "out"
+
+
+_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if")
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,21 @@ class Row:
     encoded: tuple[str, ...] = ()
     blocks: tuple[tuple[str, ...], ...] = ()
     weights: tuple[str, ...] = ()
+    # operator facts (see the module docstring)
+    weight_axis: int | None = None
+    bias: str | None = None
+    bias_scale_of: str | None = None
+    int8_lowering: str | None = None
+    int8_refused_if: tuple[str, ...] = ()
+
+    def int8_refusal(self, argument: Callable[[str], Any]) -> str | None:
+        """Why this operator, called with `argument(name)`, stays FP32 in the lowering."""
+        if self.int8_lowering is not None:
+            return self.int8_lowering
+        for name in self.int8_refused_if:
+            if argument(name):
+                return f"Arm's TOSA lowering cannot take it with encoded ports when {name} is true"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,26 +77,46 @@ class Row:
             "encoded": list(self.encoded),
             "blocks": [list(b) for b in self.blocks],
             "weights": list(self.weights),
+            "weight_axis": self.weight_axis,
+            "bias": self.bias,
+            "bias_scale_of": self.bias_scale_of,
+            "int8_lowering": self.int8_lowering,
+            "int8_refused_if": list(self.int8_refused_if),
         }
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "Row":
-        unknown = set(d) - {"target", "policy", "encoded", "blocks", "weights"}
+    def from_json(d: Mapping[str, Any], facts: "Row | None" = None) -> "Row":
+        """A row from JSON; fact keys it omits come from `facts` (the built-in row)."""
+        unknown = set(d) - {"target", "policy", "encoded", "blocks", "weights", *_FACT_KEYS}
         if unknown:
             raise ValueError(f"table row {d.get('target')!r}: unknown keys {sorted(unknown)}")
+        base = facts or Row(str(d["target"]))
         return Row(
             target=str(d["target"]),
             policy=d.get("policy"),
             encoded=tuple(d.get("encoded", ())),
             blocks=tuple(tuple(b) for b in d.get("blocks", ())),
             weights=tuple(d.get("weights", ())),
+            weight_axis=d.get("weight_axis", base.weight_axis),
+            bias=d.get("bias", base.bias),
+            bias_scale_of=d.get("bias_scale_of", base.bias_scale_of),
+            int8_lowering=d.get("int8_lowering", base.int8_lowering),
+            int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
         )
 
 
-def _compute(target: str, operands: tuple[str, ...], weights: tuple[str, ...]) -> Row:
+def _compute(target: str, operands: tuple[str, ...], weights: tuple[str, ...], **facts: Any) -> Row:
     # The INT8 kernel requantises internally: input and output codes are independent
     # (all blocks trivial); the bias stays 32-bit.
-    return Row(target, "Y", operands + (OUT,), (), weights)
+    return Row(target, "Y", operands + (OUT,), (), weights, **facts)
+
+
+# Arm's DecomposeAddmmPass (after q/dq folding) hands addmm's input qparams,
+# indexed (bias, mat1, mat2), to the mm it creates, which RewriteMatmulPass
+# reads as (mat1, mat2): a quantized addmm cannot be lowered. Arm's own flow
+# never has one (its partitioner keeps aten.linear whole), and neither does ours.
+_ADDMM_INT8 = ("Arm's TOSA lowering cannot take an encoded addmm; keep aten.linear "
+               "undecomposed (ops_to_not_decompose) or leave addmm FP32 in the table")
 
 
 def _routing(target: str, variadic: str) -> Row:
@@ -108,9 +160,15 @@ _EDGE_COPY = {
 
 def _default_rows() -> list[Row]:
     rows = [
-        _compute("aten.convolution.default", ("input", "weight"), ("weight",)),
-        _compute("aten.linear.default", ("input", "weight"), ("weight",)),
-        _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2")),
+        # conv and linear weights: per output channel (axis 0), which Arm's
+        # RewriteConvPass / DecomposeLinearPass turn into per-channel RESCALEs;
+        # a transposed convolution keeps its output channels on axis 1
+        _compute("aten.convolution.default", ("input", "weight"), ("weight",), weight_axis=0,
+                 bias="bias", bias_scale_of="input", int8_refused_if=("transposed",)),
+        _compute("aten.linear.default", ("input", "weight"), ("weight",), weight_axis=0,
+                 bias="bias", bias_scale_of="input"),
+        # matmul operands: one scale per tensor (Arm's MATMUL rescale reads no more)
+        _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2"), int8_lowering=_ADDMM_INT8),
         _compute("aten.mm.default", ("self", "mat2"), ("self", "mat2")),
         _compute("aten.bmm.default", ("self", "mat2"), ("self", "mat2")),
         _routing("aten.cat.default", "tensors"),
@@ -204,9 +262,18 @@ class CommutationTable:
             if any(not isinstance(r, dict) or "target" not in r for r in data["rows"]):
                 raise ValueError('every row needs a "target"')
             order = PolicyOrder(tuple(data["policies"])) if "policies" in data else None
-            return cls.from_rows((Row.from_json(r) for r in data["rows"]), order)
+            built_in = _built_in_rows()
+            table = cls.from_rows((Row.from_json(r, built_in.get(r["target"])) for r in data["rows"]),
+                                  order)
         except ValueError as e:
             raise ValueError(f"commutation table {path}: {str(e).removeprefix('commutation table: ')}") from None
+        for row in table.rows.values():
+            refusal = row.int8_lowering
+            if refusal is not None and row.encoded and row.policy is not None:
+                # the analysis counts it encoded; the compiler cannot lower it so
+                warnings.warn(f"commutation table {path}: {row.target} is encoded from policy "
+                              f"{row.policy}, but the compiler keeps it FP32: {refusal}", stacklevel=2)
+        return table
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,6 +302,22 @@ class CommutationTable:
                     raise ValueError(f"commutation table: {row.target} block {b} has unencoded ports")
             if not set(row.weights) <= set(row.encoded):
                 raise ValueError(f"commutation table: {row.target} weight ports must be encoded")
+            self._validate_facts(row, inputs)
+
+    def _validate_facts(self, row: Row, inputs: list[str]) -> None:
+        """The facts name real arguments of the operator."""
+        for key in ("bias", "bias_scale_of"):
+            name = getattr(row, key)
+            if name is not None and name not in inputs:
+                raise ValueError(f"commutation table: operator {row.target} has no tensor argument "
+                                 f"{name!r} ({key}; tensor inputs: {', '.join(inputs) or 'none'})")
+        if row.bias is not None and row.bias_scale_of is None:
+            raise ValueError(f"commutation table: {row.target} names a bias but not bias_scale_of")
+        arguments = operator_arguments(row.target)
+        for name in row.int8_refused_if:
+            if name not in arguments:
+                raise ValueError(f"commutation table: operator {row.target} has no argument {name!r} "
+                                 "(int8_refused_if)")
 
     def lookup(self, target: str) -> Row | None:
         return self.rows.get(target)
@@ -251,6 +334,21 @@ def _port_exists(name: str, inputs: list[str], n_out: int) -> bool:
 
 def operator_ports(target: str) -> tuple[list[str], int] | None:
     """Tensor input names and output count of an operator named like ``aten.cat.default``."""
+    op = _operator(target)
+    if op is None:
+        return None
+    schema = op._schema
+    inputs = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
+    return inputs, len(schema.returns)
+
+
+def operator_arguments(target: str) -> list[str]:
+    """Every argument name of an operator (tensors and others)."""
+    op = _operator(target)
+    return [a.name for a in op._schema.arguments] if op is not None else []
+
+
+def _operator(target: str) -> Any:
     parts = target.split(".")
     if len(parts) != 3:
         return None
@@ -258,14 +356,21 @@ def operator_ports(target: str) -> tuple[list[str], int] | None:
     if ns == "dim_order_ops":
         import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (defines the namespace)
     elif ns == "codec_tosa":
-        import codec_tosa.standalone_ops  # noqa: F401  (defines the namespace)
+        import codec_tosa.ops  # noqa: F401  (defines the namespace)
     try:
-        op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+        return getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (AttributeError, RuntimeError):
         return None
-    schema = op._schema
-    inputs = [a.name for a in schema.arguments if "Tensor" in str(a.type)]
-    return inputs, len(schema.returns)
+
+
+_BUILT_IN: dict[str, Row] | None = None
+
+
+def _built_in_rows() -> dict[str, Row]:
+    global _BUILT_IN
+    if _BUILT_IN is None:
+        _BUILT_IN = {r.target: r for r in _default_rows()}
+    return _BUILT_IN
 
 
 def warn_missing(targets: Iterable[str]) -> None:

@@ -1,4 +1,4 @@
-"""Steps 2-4 of CODEC_PLACEMENT.md: domains by union-find, dominators, coalescence.
+"""Placement steps 2-4 (docs/DESIGN.md, "Placement"): domains by union-find, dominators, coalescence.
 
 Node space of the union-find: in-ports ``[0, P)``, output ports (values)
 ``[P, P+V)`` and one shared encode per plain value ``[P+V, P+2V)``. Every pass

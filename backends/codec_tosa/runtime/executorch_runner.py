@@ -13,50 +13,20 @@ symbols (see ``native._command``), so both copies coexist.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
 
 import torch
 
 from codec_tosa.runtime import native
+from codec_tosa.runtime.pte import PteError, inspect_pte
 
-__all__ = ["PteRunError", "PteInfo", "DelegateCallInfo", "inspect_pte", "run_pte"]
+__all__ = ["PteRunError", "run_pte"]
 
 PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
-# Operators whose ExecuTorch kernels live in executorch.kernels.quantized, not
-# in the portable kernels the Python bindings register by default.
-_QUANTIZED_NAMESPACE = "quantized_decomposed::"
-
-
 class PteRunError(RuntimeError):
     """The .pte could not be loaded or run in the ExecuTorch runtime."""
-
-
-@dataclass(frozen=True)
-class DelegateCallInfo:
-    """One delegate call of the forward plan: the value indices of the tensors it
-    is passed (its inputs, then its outputs, as the runtime hands them over)."""
-
-    delegate_id: str
-    tensor_args: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PteInfo:
-    """What the runner needs to know about a program before loading it."""
-
-    operators: tuple[str, ...]  # "namespace::name" of the CPU operators
-    delegate_ids: tuple[str, ...]
-    # the first plan's input and output value indices and its delegate calls
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-    delegate_calls: tuple[DelegateCallInfo, ...] = ()
-
-    @property
-    def needs_quantized_kernels(self) -> bool:
-        return any(op.startswith(_QUANTIZED_NAMESPACE) for op in self.operators)
 
 
 def _read(pte: PteSource) -> bytes:
@@ -67,37 +37,6 @@ def _read(pte: PteSource) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise PteRunError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
-def inspect_pte(data: bytes) -> PteInfo:
-    """Parse the program's flatbuffer header (not its segments)."""
-    # Private but stable within the pinned executorch; the same parser
-    # _extract_delegate_payload uses.
-    from executorch.exir import schema
-    from executorch.exir._serialize import _program
-
-    try:
-        header = _program._get_extended_header(data)
-        size = header.program_size if header is not None and header.is_valid() else len(data)
-        program = _program._flatbuffer_to_program(data[:size])
-    except Exception as exc:  # the flatbuffer parser raises many kinds
-        raise PteRunError(f"not a valid ExecuTorch program (.pte): {exc}") from exc
-    operators = tuple(op.name for plan in program.execution_plan for op in plan.operators)
-    delegates = tuple(d.id for plan in program.execution_plan for d in plan.delegates)
-    if not program.execution_plan:
-        return PteInfo(operators=operators, delegate_ids=delegates)
-    plan = program.execution_plan[0]
-    calls = tuple(
-        DelegateCallInfo(
-            plan.delegates[instr.instr_args.delegate_index].id,
-            tuple(a for a in instr.instr_args.args if isinstance(plan.values[a].val, schema.Tensor)),
-        )
-        for chain in plan.chains
-        for instr in chain.instructions
-        if isinstance(instr.instr_args, schema.DelegateCall)
-    )
-    return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
-                   outputs=tuple(plan.outputs), delegate_calls=calls)
 
 
 def _registered_backends() -> list[str]:
@@ -119,7 +58,10 @@ def run_pte(
     wrong shape or dtype).
     """
     data = _read(pte)
-    info = inspect_pte(data)
+    try:
+        info = inspect_pte(data)
+    except PteError as exc:
+        raise PteRunError(str(exc)) from exc
     try:
         native.load()
     except native.NativeBuildError as exc:

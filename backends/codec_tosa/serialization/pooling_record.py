@@ -35,16 +35,3 @@ def pooling_record(stats: PoolingStats, payload: bytes) -> NamedDataStoreOutput:
     record = replace(stats, seconds=0.0)
     store.add_named_data(record_key(payload), record.to_json(indent=None).encode())
     return store.get_named_data_store_output()
-
-
-def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
-    """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
-    from executorch.exir._serialize import _deserialize_pte_binary as deserialize_pte_binary
-
-    named = deserialize_pte_binary(pte_bytes).named_data
-    if named is None:
-        return None
-    entry = named.pte_data.get(record_key(payload))
-    if entry is None:
-        return None
-    return PoolingStats.from_json(bytes(named.buffers[entry.buffer_index]).decode())

@@ -1,0 +1,177 @@
+"""The one reader of ExecuTorch program files (.pte): executorch's `_serialize` is
+private, so every look inside a .pte goes through here (docs/DESIGN.md, "Tools").
+
+It reads the program header (CPU operators, delegates, how each delegate call
+is wired), extracts delegate payloads and their compile specs (our options and
+provenance), and the pooling records `CodecTosaBackend` stores as named data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codec_tosa.backend import BACKEND_ID
+from codec_tosa.provenance import read_provenance
+from codec_tosa.serialization.pooled import PoolingStats
+from codec_tosa.serialization.pooling_record import record_key
+
+
+class PteError(ValueError):
+    """The file is not a usable .pte (one line, names the file and the reason)."""
+
+
+# Operators whose ExecuTorch kernels live in executorch.kernels.quantized, not
+# in the portable kernels the Python bindings register by default.
+_QUANTIZED_NAMESPACE = "quantized_decomposed::"
+
+
+@dataclass(frozen=True)
+class DelegateCallInfo:
+    """One delegate call of the forward plan: the value indices of the tensors it
+    is passed (its inputs, then its outputs, as the runtime hands them over)."""
+
+    delegate_id: str
+    tensor_args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PteInfo:
+    """What the runner needs to know about a program before loading it."""
+
+    operators: tuple[str, ...]  # "namespace::name" of the CPU operators
+    delegate_ids: tuple[str, ...]
+    # the first plan's input and output value indices and its delegate calls
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    delegate_calls: tuple[DelegateCallInfo, ...] = ()
+
+    @property
+    def needs_quantized_kernels(self) -> bool:
+        return any(op.startswith(_QUANTIZED_NAMESPACE) for op in self.operators)
+
+
+def inspect_pte(data: bytes) -> PteInfo:
+    """Parse the program's flatbuffer header (not its segments)."""
+    # Private but stable within the pinned executorch; the same parser
+    # _extract_delegate_payload uses.
+    from executorch.exir import schema
+    from executorch.exir._serialize import _program
+
+    try:
+        header = _program._get_extended_header(data)
+        size = header.program_size if header is not None and header.is_valid() else len(data)
+        program = _program._flatbuffer_to_program(data[:size])
+    except Exception as exc:  # the flatbuffer parser raises many kinds
+        raise PteError(f"not a valid ExecuTorch program (.pte): {exc}") from exc
+    operators = tuple(op.name for plan in program.execution_plan for op in plan.operators)
+    delegates = tuple(d.id for plan in program.execution_plan for d in plan.delegates)
+    if not program.execution_plan:
+        return PteInfo(operators=operators, delegate_ids=delegates)
+    plan = program.execution_plan[0]
+    calls = tuple(
+        DelegateCallInfo(
+            plan.delegates[instr.instr_args.delegate_index].id,
+            tuple(a for a in instr.instr_args.args if isinstance(plan.values[a].val, schema.Tensor)),
+        )
+        for chain in plan.chains
+        for instr in chain.instructions
+        if isinstance(instr.instr_args, schema.DelegateCall)
+    )
+    return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
+                   outputs=tuple(plan.outputs), delegate_calls=calls)
+
+
+def read_pte(path: str | Path) -> bytes:
+    """The bytes of a whole, parseable .pte file."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise PteError(f"{p}: cannot read ({e.strerror or e})") from None
+    try:
+        inspect_pte(data)
+    except PteError as e:
+        raise PteError(f"{p}: {e}") from None
+    # inspect_pte reads the program header only; a truncated file still has one
+    # but loses segments (and delegate payloads would come back silently short)
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    try:
+        deserialize_pte_binary(data)
+    except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
+        raise PteError(f"{p}: not a valid ExecuTorch program (.pte), truncated or corrupt: {e}") from None
+    return data
+
+
+def delegate_payload(data: bytes, backend_id: str = BACKEND_ID, path: str | Path = "<bytes>") -> bytes:
+    """The payload of the first delegate whose id is exactly `backend_id`."""
+    every = delegates(data, path)
+    found = [d for d in every if d.backend_id == backend_id]
+    if not found:
+        raise PteError(f"{path}: holds no {backend_id} delegate "
+                       f"(delegates: {[d.backend_id for d in every] or 'none'})")
+    return found[0].payload
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """One delegate of a program: its backend, payload and compile specs."""
+
+    index: int
+    backend_id: str
+    payload: bytes
+    compile_specs: dict[str, Any]  # our options and provenance, and Arm's tosa_spec
+
+
+def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
+    """Every delegate of the program, in order, with its payload and compile specs."""
+    from executorch.exir._serialize._program import _extract_delegate_payload, deserialize_pte_binary
+
+    try:
+        program = deserialize_pte_binary(data)
+    except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
+        raise PteError(f"{path}: not a valid ExecuTorch program (.pte): {e}") from None
+    program = getattr(program, "program", program)
+    found = [d for plan in program.execution_plan for d in plan.delegates]
+    out: list[Delegate] = []
+    for i, d in enumerate(found):
+        # executorch matches ids as case-insensitive substrings ("TOSABackend"
+        # also matches "CodecTosaBackend"): count the earlier matches
+        k = sum(d.id.lower() in e.id.lower() for e in found[:i])
+        payload = _extract_delegate_payload(data, d.id, k)
+        if payload is None:
+            raise PteError(f"{path}: delegate {i} ({d.id}) has no payload")
+        out.append(Delegate(i, d.id, bytes(payload), read_provenance(d.compile_specs)))
+    return out
+
+
+def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, Any]:
+    """The options and provenance in the compile specs of the first `backend_id` delegate."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(data)
+    program = getattr(program, "program", program)
+    for plan in program.execution_plan:
+        for d in plan.delegates:
+            if d.id == backend_id:
+                return read_provenance(d.compile_specs)
+    return {}
+
+
+def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
+    """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
+    from executorch.exir._serialize import _deserialize_pte_binary as deserialize_pte_binary
+
+    named = deserialize_pte_binary(pte_bytes).named_data
+    if named is None:
+        return None
+    entry = named.pte_data.get(record_key(payload))
+    if entry is None:
+        return None
+    return PoolingStats.from_json(bytes(named.buffers[entry.buffer_index]).decode())
+
+
+__all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "delegate_payload",
+           "delegate_provenance", "delegates", "inspect_pte", "read_pooling_stats", "read_pte"]

@@ -1,0 +1,244 @@
+"""The `codec-tosa` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+from codec_tosa.commutation.policy import DEFAULT_ORDER
+from codec_tosa.placement.domains import PLACEMENTS
+from codec_tosa.units import MIB
+
+DEFAULT_MODEL = "tiny_shufflenet"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in header]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(c: object) -> str:
+    return f"{c:.4g}" if isinstance(c, float) else str(c)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from codec_tosa.analysis import analyze, port_graph
+    from codec_tosa.commutation.table import CommutationTable
+    from codec_tosa.tools.loading import load_and_export
+
+    table = CommutationTable.from_json(args.table) if args.table else CommutationTable.default()
+    policies = [args.policy] if args.policy else list(table.order.letters)
+    placements = [args.placement] if args.placement else list(PLACEMENTS)
+    for p in policies:
+        table.order.rank(p)
+    loaded = load_and_export(args.model)
+    graph = port_graph(loaded.program, args.fold_bn)  # one port view for every variant
+    results = [analyze(graph, p, pl, args.fused_transcode, table=table)
+               for p in policies for pl in placements]
+    print(f"model {args.model}: {graph.num_ops} operators, {graph.num_values} values")
+    rows = [(a.policy, a.placement, a.storage_mib, a.traffic_mib, a.lower_bound_mib,
+             a.codec_items_m, len(a.domains), a.codec_counts()["encode"],
+             a.codec_counts()["decode"], a.codec_counts()["transcode"]) for a in results]
+    print(_table(["policy", "placement", "storage MiB", "traffic MiB", "lower bound MiB",
+                  "codec items M", "domains", "enc", "dec", "trans"], rows))
+    if len(results) == 1 or args.top:
+        a = results[-1]
+        print(f"\ntop {args.top or 10} operators by traffic ({a.policy}, {a.placement}):")
+        print(_table(["node", "target", "read MiB", "written MiB"],
+                     [(r.node, r.target, r.bytes_read / MIB, r.bytes_written / MIB)
+                      for r in a.top_ops(args.top or 10)]))
+    if args.json:
+        import json
+
+        payload = [json.loads(a.to_json()) for a in results]
+        _write_atomic(Path(args.json), json.dumps({"model": args.model, "analyses": payload}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _spec(args: argparse.Namespace):
+    from codec_tosa.commutation.table import CommutationTable
+    from codec_tosa.spec import CodecSpec
+
+    table = CommutationTable.from_json(args.table) if args.table else None
+    return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
+                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from codec_tosa.tools.compiler import compile_model
+
+    result = compile_model(args.model, _spec(args), args.out)
+    print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
+          f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import torch
+
+    from codec_tosa.tools.validate import validate
+
+    inputs = None
+    if args.inputs:
+        import numpy as np
+
+        data = np.load(args.inputs)
+        inputs = [torch.from_numpy(data[k]) for k in sorted(data.files) if k.startswith("input_")]
+    elif args.model:
+        from codec_tosa.tools.loading import load_and_export
+
+        inputs = list(load_and_export(args.model).inputs)
+    v = validate(args.pte, inputs=inputs)
+    print("\n".join(v.lines()))
+    return 0 if v.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import json
+
+    from codec_tosa.backend import BACKEND_ID
+    from codec_tosa.runtime.pte import delegate_payload, delegate_provenance, read_pooling_stats, read_pte
+    from codec_tosa.tools.validate import payload_stats
+
+    data = read_pte(args.pte)
+    payload = delegate_payload(data, BACKEND_ID, args.pte)
+    stats = payload_stats(payload, args.pte)
+    prov = delegate_provenance(data, BACKEND_ID)
+    print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
+    print(f"versions: {prov.get('versions')}")
+    print(f"spec: {prov.get('spec')}; TOSA {prov.get('tosa_spec')}")
+    plan = prov.get("plan", {})
+    print(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
+    print(f"TOSA operators: {stats.operators} ({stats.const_ops} CONST, {stats.const_shape_ops} CONST_SHAPE, "
+          f"{stats.const_bytes + stats.const_shape_bytes} constant bytes)")
+    print(_table(["operator", "count", "traffic MiB"],
+                 [(k, v, stats.traffic_by_op.get(k, 0) / MIB)
+                  for k, v in sorted(stats.operators_by_type.items(), key=lambda kv: -kv[1])]))
+    print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / MIB:.4g} MiB")
+    pooling = read_pooling_stats(data, payload)
+    if pooling is None:
+        print("constant pooling: off (no pooling record in the .pte)")
+    else:
+        print(f"constant pooling: {pooling.operators_saved} operators saved "
+              f"({pooling.helper_consts_reused} helper constants reused, "
+              f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
+              f"{pooling.helper_bytes_saved} constant bytes saved")
+    rep = Path(args.pte).with_name("report.json")
+    if rep.is_file():
+        modeled = json.loads(rep.read_text()).get("modeled")
+        if modeled:
+            print(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
+                  f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
+    print(f"== codec-tosa analyze {DEFAULT_MODEL} (every policy and placement)")
+    ns = argparse.Namespace(model=DEFAULT_MODEL, policy=None, placement=None, fused_transcode=False,
+                            json=None, table=None, top=10, fold_bn=True)
+    cmd_analyze(ns)
+    out = Path(args.out or tempfile.mkdtemp(prefix="codec-tosa-demo-"))
+    print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
+    cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
+                                   tosa=None, fused_transcode=False, no_pool=False, table=None, out=out))
+    print(f"\n== codec-tosa validate {out / 'model.pte'}")
+    status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None))
+    print(f"\n== codec-tosa report {out / 'model.pte'}")
+    cmd_report(argparse.Namespace(pte=str(out / "model.pte")))
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="codec-tosa", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="place codecs and report storage/traffic/codec items")
+    p.add_argument("model", help="built-in model name or path/to/file.py:function")
+    # no argparse choices: a user table (--table) may define its own policy letters
+    p.add_argument("--policy", help=f"one of {', '.join(DEFAULT_ORDER)} or a --table's letters "
+                   "(default: every policy)")
+    p.add_argument("--placement", choices=PLACEMENTS, help="default: every placement")
+    p.add_argument("--fused-transcode", action="store_true",
+                   help="count a transcode as one int8->int8 RESCALE")
+    p.add_argument("--table", help="a user commutation table (JSON)")
+    p.add_argument("--top", type=int, default=0, help="print the N operators with most traffic")
+    p.add_argument("--fold-bn", action="store_true",
+                   help="fold batch norms into convolutions first, as the compiler does "
+                        "(default: the exported graph, as the published figures count it)")
+    p.add_argument("--json", help="write the full analyses to this JSON file")
+    p.set_defaults(func=cmd_analyze)
+
+    c = sub.add_parser("compile", help="compile a model to a .pte with a CodecTosaBackend delegate")
+    c.add_argument("model", help="built-in model name or path/to/file.py:function")
+    c.add_argument("--policy", default="W", help=f"one of {', '.join(DEFAULT_ORDER)} or a --table's letters")
+    c.add_argument("--placement", choices=PLACEMENTS, default="nonlocal+coalesce")
+    c.add_argument("--tosa", help="TOSA spec (default TOSA-1.0+INT+FP; TOSA-1.0+FP for policy Z)")
+    c.add_argument("--fused-transcode", action="store_true")
+    c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
+    c.add_argument("--table", help="a user commutation table (JSON)")
+    c.add_argument("-o", "--out", default="out", help="output directory")
+    c.set_defaults(func=cmd_compile)
+
+    v = sub.add_parser("validate", help="run a .pte on the TOSA reference model and in the runtime")
+    v.add_argument("pte")
+    v.add_argument("--model", help="rebuild the model's example inputs")
+    v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
+    v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegate")
+    r.add_argument("pte")
+    r.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("demo", help="analyze, compile, validate and report the built-in default model")
+    d.add_argument("-o", "--out", help="output directory (default: a temporary one)")
+    d.set_defaults(func=cmd_demo)
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands defined next to the code they drive."""
+    regs: list[Callable[[argparse._SubParsersAction], None]] = []
+    try:
+        from codec_tosa.tools.tables.command import add_tables_parser
+    except ImportError:
+        pass
+    else:
+        regs.append(add_tables_parser)
+    return regs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

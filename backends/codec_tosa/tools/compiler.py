@@ -1,0 +1,180 @@
+"""`codec-tosa compile`: model -> model.pte, report.json and reference_io.npz."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.export import ExportedProgram
+from tqdm import tqdm
+
+from codec_tosa.backend import BACKEND_ID
+from codec_tosa.calibration import random_calibration
+from codec_tosa.planning import PlannedProgram
+from codec_tosa.simulation import simulate
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.loading import load_and_export
+from codec_tosa.units import MIB
+
+PTE = "model.pte"
+REPORT = "report.json"
+REFERENCE_IO = "reference_io.npz"
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    report: dict[str, Any]
+
+    @property
+    def pte(self) -> Path:
+        return self.out_dir / PTE
+
+
+@dataclass
+class Lowered:
+    pte: bytes
+    planned: PlannedProgram | None  # None when nothing was planned (no partition)
+    lowering_s: float
+    serialisation_s: float
+
+
+def lower_program(program: ExportedProgram, spec: CodecSpec,
+                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from codec_tosa.partitioner import CodecTosaPartitioner
+
+    part = CodecTosaPartitioner(spec, calibration=calibration)
+    t = time.perf_counter()
+    edge = to_edge_transform_and_lower(program, partitioner=[part])
+    lowering = time.perf_counter() - t
+    t = time.perf_counter()
+    pte = edge.to_executorch().buffer
+    return Lowered(pte, part.planned, lowering, time.perf_counter() - t)
+
+
+def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
+                  progress: bool = True) -> CompileResult:
+    """Export, partition (placement + calibration), lower and serialise; write the artefacts.
+
+    Everything is written to a temporary directory first and moved into
+    `out_dir` only when complete, so a failure leaves no partial artefact.
+    """
+    out = Path(out_dir)
+    steps = tqdm(total=4, desc="export", disable=not progress, leave=False)
+    # closed on failure too: a bar left open would share the error's line
+    try:
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+        loaded = load_and_export(model)
+        times["export_s"] = time.perf_counter() - t
+        steps.update()
+
+        steps.set_description("calibration + lowering + serialisation")
+        calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
+        lowered = lower_program(loaded.program, spec, calib)
+        pte, planned = lowered.pte, lowered.planned
+        times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
+        steps.update(2)
+
+        steps.set_description("reference outputs")
+        with torch.no_grad():
+            eager = _as_list(loaded.module(*loaded.inputs))
+        simulated = simulate(planned, loaded.inputs) if planned is not None else eager
+        sensitivity = (rounding_sensitivity(planned, loaded.inputs, simulated)
+                       if planned is not None and not spec.reference else None)
+        steps.update()
+    finally:
+        steps.close()
+
+    report: dict[str, Any] = {
+        "model": model,
+        "spec": spec.to_json(),
+        "backend_id": BACKEND_ID,
+        "pte_bytes": len(pte),
+        "times": times,
+    }
+    if planned is not None:
+        tr = planned.traffic()
+        report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,
+                             "lower_bound_mib": tr.lower_bound_bytes / MIB,
+                             "storage_mib": tr.storage_bytes / MIB,
+                             "codec_items_m": tr.codec_items / 1e6,
+                             "domains": len(planned.placement.plan.domains),
+                             "codecs": len(planned.placement.plan.codecs)}
+
+    fallback = fp32_steps(eager)
+    steps_per_output = planned.output_steps(fallback) if planned is not None else fallback
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
+    try:
+        (tmp / PTE).write_bytes(pte)
+        np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
+                                                     sensitivity))
+        (tmp / REPORT).write_text(json.dumps(report, indent=1))
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (PTE, REFERENCE_IO, REPORT):
+            (tmp / name).replace(out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CompileResult(out, report)
+
+
+def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
+                 simulated: Sequence[torch.Tensor], steps: Sequence[float],
+                 sensitivity: Sequence[float] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of reference_io.npz, as `validate` reads them."""
+    return {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
+            **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
+            **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
+            **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)},
+            **{f"sensitivity_{i}": np.float64(s) for i, s in enumerate(sensitivity or ())}}
+
+
+def one_ulp_away(inputs: Sequence[torch.Tensor], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Every floating-point input element moved one ulp up or down (at random)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for x in inputs:
+        if x.is_floating_point():
+            up = torch.rand(x.shape, generator=gen) < 0.5
+            x = torch.nextafter(x, torch.where(up, torch.inf, -torch.inf).to(x.dtype))
+        out.append(x)
+    return tuple(out)
+
+
+def rounding_sensitivity(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
+                         simulated: Sequence[torch.Tensor]) -> list[float]:
+    """max |simulation(inputs one ulp away) - simulation(inputs)| per output.
+
+    A lower bound on how far two correct implementations of the plan can differ
+    when they round differently: a deep model can amplify one flipped code into
+    many quantisation steps at its outputs (validate reports it beside the
+    one-step criterion)."""
+    moved = simulate(planned, one_ulp_away(inputs))
+    return [float((m.reshape(s.shape) - s).abs().max()) if s.numel() else 0.0
+            for m, s in zip(moved, simulated)]
+
+
+def fp32_steps(outputs: Sequence[torch.Tensor]) -> list[float]:
+    """One "step" of an output computed in FP32: its range / 255."""
+    return [float(e.max() - e.min()) / 255.0 if e.numel() else 0.0 for e in outputs]
+
+
+def _as_list(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    if hasattr(out, "values"):  # ModelOutput-like
+        return [t for t in out.values() if isinstance(t, torch.Tensor)]
+    raise TypeError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")

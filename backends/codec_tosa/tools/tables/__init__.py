@@ -1,0 +1,1 @@
+"""`codec-tosa tables`: collect (figures), render (Markdown), charts (PNG), command (CLI)."""

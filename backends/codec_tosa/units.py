@@ -1,0 +1,3 @@
+"""Units every report shares."""
+
+MIB = float(1 << 20)  # bytes in a MiB: traffic and storage are reported in MiB

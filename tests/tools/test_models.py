@@ -1,0 +1,112 @@
+"""Model builders: shapes, parameter counts, seeding, and the model-spec loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from codec_tosa_examples.models import BUILTIN_MODELS, PAPER_MODELS, load_model
+
+
+def _param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_registry_holds_the_paper_models_and_the_demo() -> None:
+    assert set(BUILTIN_MODELS) == {
+        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3"
+    }
+    assert PAPER_MODELS == ("shufflenet_v2", "unet", "siglip", "smollm2")
+
+
+def test_tiny_shufflenet_is_small_seeded_and_exports() -> None:
+    model, inputs = load_model("tiny_shufflenet")
+    assert not model.training
+    assert [tuple(x.shape) for x in inputs] == [(1, 3, 32, 32)]
+    assert _param_count(model) == 1378
+    again, _ = load_model("tiny_shufflenet")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+    ep = torch.export.export(model, inputs).run_decompositions()
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    # The structures the placement algorithm is about, all in one small graph.
+    for needed in (aten.split_with_sizes.default, aten.cat.default, aten.view.default,
+                   aten.permute.default, aten.clone.default, aten.max_pool2d_with_indices.default,
+                   aten.convolution.default, aten._native_batch_norm_legit_no_training.default,
+                   aten.relu.default, aten.addmm.default):
+        assert needed in targets, needed
+    with torch.no_grad():
+        out = ep.module()(*inputs)
+        assert tuple(out.shape) == (1, 10)
+        assert torch.equal(out, model(*inputs))
+
+
+def test_building_does_not_disturb_the_callers_rng() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model("tiny_shufflenet")
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_load_model_from_a_file(tmp_path: Path) -> None:
+    source = tmp_path / "mine.py"
+    source.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Linear(4, 2).train(), (torch.zeros(1, 4),)\n"
+        "def wrong():\n"
+        "    return torch.nn.Linear(4, 2)\n"
+    )
+    model, inputs = load_model(f"{source}:build")
+    assert isinstance(model, torch.nn.Linear) and not model.training
+    assert tuple(inputs[0].shape) == (1, 4)
+    with pytest.raises(ValueError, match="wrong.*must return"):
+        load_model(f"{source}:wrong")
+    with pytest.raises(ValueError, match="has no function 'missing'"):
+        load_model(f"{source}:missing")
+
+
+def test_load_model_errors_name_the_spec(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown model 'resnet9000'.*tiny_shufflenet"):
+        load_model("resnet9000")
+    missing = tmp_path / "nope.py"
+    with pytest.raises(ValueError, match="nope.py.*does not exist"):
+        load_model(f"{missing}:build")
+
+
+# name -> (input shapes, output shape, parameter count); the counts are those
+# of the published architectures (torchvision, smp, SmolVLM2-256M towers).
+_EXPECTED = {
+    "shufflenet_v2": ([(1, 3, 224, 224)], (1, 1000), 2_278_604),
+    "inception_v3": ([(1, 3, 299, 299)], (1, 1000), 23_834_568),
+    "unet": ([(1, 3, 512, 512)], (1, 1, 512, 512), 24_436_369),
+    "siglip": ([(1, 3, 512, 512)], (1, 1024, 768), 86_433_024),
+    "smollm2": ([(1, 128, 576)], (1, 128, 576), 106_203_456),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_EXPECTED))
+def test_big_model_shapes_and_parameter_counts(name: str) -> None:
+    shapes, out_shape, params = _EXPECTED[name]
+    model, inputs = load_model(name)
+    assert not model.training
+    assert [tuple(x.shape) for x in inputs] == shapes
+    assert _param_count(model) == params
+    with torch.no_grad():
+        assert tuple(model(*inputs).shape) == out_shape
+
+
+def test_model_libs_shim_is_idempotent_and_makes_torchvision_importable() -> None:
+    from codec_tosa.tools import model_libs
+
+    model_libs.prepare()
+    model_libs.prepare()  # a second call must not redefine the schemas
+    tv = model_libs.import_torchvision()
+    assert tv.__version__.startswith("0.28.0")
+    schema = str(torch.ops.torchvision.nms.default._schema)
+    assert schema == "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
