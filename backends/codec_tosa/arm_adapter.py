@@ -209,7 +209,6 @@ def codec_ops() -> "CodecOps":
         quantize=qd.quantize_per_tensor.default,
         dequantize=qd.dequantize_per_tensor.default,
         mul=aten.mul.Tensor,
-        sub=aten.sub.Tensor,
         full=aten.full.default,
         cast=exir_ops.edge.dim_order_ops._to_dim_order_copy.default,
         rescale=exir_ops.backend.tosa.RESCALE.default,

@@ -76,6 +76,7 @@ class CodecTosaPartitioner(Partitioner):
         result = place(graph, table, self.codec_spec.policy, self.codec_spec.placement,
                        fused_transcode=self.codec_spec.fused_transcode, plain_ops=plain_ops)
         thetas = learn_thetas(ep, graph, result.plan, self._calibration(ep),
+                              codec=self.codec_spec.activation_codec,
                               real_state=self._real_state) if result.plan.domains else {}
         write_plan_meta(graph, result.semantics, result.plan, thetas)
         self.last_placement, self.last_thetas = result, thetas

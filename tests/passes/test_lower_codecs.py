@@ -111,7 +111,7 @@ def test_decode_of_all_256_codes_is_bit_exact_and_minimal(scale: float, zp: int)
     (out,) = run_reference(payload, [codes.numpy()])
     assert out.dtype == np.float32
     assert out.reshape(-1).tobytes() == expected.tobytes()
-    expected_ops = {"CAST": 1, "MUL": 1} if zp == 0 else {"CAST": 1, "SUB": 1, "MUL": 1}
+    expected_ops = {"CAST": 1, "MUL": 1} if zp == 0 else {"RESCALE": 1, "CAST": 1, "MUL": 1}
     assert _operators(payload) == expected_ops
 
 
