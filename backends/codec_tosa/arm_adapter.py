@@ -12,13 +12,16 @@ import copy
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator
 
 import tosa_serializer as ts
 from executorch.backends.arm.tosa.backend import TOSABackend
 from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
+
+if TYPE_CHECKING:
+    from codec_tosa._passes.lower_codecs import CodecOps
 
 SerializerFactory = Callable[..., ts.TosaSerializer]
 
@@ -56,6 +59,7 @@ def lower_into(
     serializer: ts.TosaSerializer,
     *,
     dedup_const_shapes: bool | None = None,
+    lower_codecs: bool = False,
 ) -> bytes:
     """Run Arm's pass pipeline and node visitors into `serializer`; return the flatbuffer.
 
@@ -65,7 +69,8 @@ def lower_into(
     are pooled. `dedup_const_shapes` merges identical static CONST_SHAPE FX
     nodes after Arm's pass pipeline (in every control-flow submodule too);
     None means "when the serializer pools", so a plain serializer still gives
-    stock bytes.
+    stock bytes. `lower_codecs` (a program that carries a codec plan) runs
+    `LowerCodecsPass` inside Arm's pipeline; off, the lowering is stock.
     """
     if dedup_const_shapes is None:
         dedup_const_shapes = hasattr(serializer, "graph_owned_constants")
@@ -74,6 +79,8 @@ def lower_into(
         patches.enter_context(_cat_with_repeated_inputs_kept())
         if dedup_const_shapes:
             patches.enter_context(_const_shape_dedup_after_arm_passes(serializer))
+        if lower_codecs:
+            patches.enter_context(_codecs_lowered_before_quant_decomposition())
         TOSABackend._preprocess_module(
             edge_program.graph_module, edge_program, compile_spec, serializer, None
         )
@@ -180,6 +187,74 @@ def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
         return graph_module
 
     with _patched(ArmPassManager, "transform_to_backend_pipeline", pipeline_then_dedup):
+        yield
+
+
+def codec_ops() -> "CodecOps":
+    """The operator targets `LowerCodecsPass` reads and writes, as Arm 1.5.1 lowers them.
+
+    `_to_dim_order_copy` with a dtype is what Arm's visitor serialises as TOSA
+    CAST (and only fp32->int32 gets a truncation decoration, which the codecs
+    never ask for); `tosa.RESCALE` is executorch's TOSA dialect op, which
+    Arm's pipeline itself inserts before the point where the pass runs.
+    """
+    import executorch.backends.arm.tosa.dialect  # noqa: F401  (registers exir_ops.backend.tosa)
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from codec_tosa._passes.lower_codecs import CodecOps
+
+    qd = exir_ops.edge.quantized_decomposed
+    aten = exir_ops.edge.aten
+    return CodecOps(
+        quantize=qd.quantize_per_tensor.default,
+        dequantize=qd.dequantize_per_tensor.default,
+        mul=aten.mul.Tensor,
+        full=aten.full.default,
+        cast=exir_ops.edge.dim_order_ops._to_dim_order_copy.default,
+        rescale=exir_ops.backend.tosa.RESCALE.default,
+    )
+
+
+@contextmanager
+def _codecs_lowered_before_quant_decomposition() -> Iterator[None]:
+    """Insert `LowerCodecsPass` right before Arm's `DecomposeQuantNodesPass`.
+
+    At that point `FoldAndAnnotateQParamsPass` has folded every q/dq around
+    an INT8 operator into the operator, so what is left are exactly the
+    plan's encodes, decodes and transcodes; after it, Arm's decomposition
+    finds nothing of ours left. Uses the pass manager's own per-instance
+    insertion hook (`_configure_pass_insertions` -> `insert_passes_before`),
+    so no pipeline list is copied.
+
+    `MoveDataMovementOpsToSmallerDtypePass` counts `_to_dim_order_copy` as a
+    layout operator and would move the encode's CAST f32->int16 after the
+    RESCALE int16->int8 that follows it (feeding FP32 to the RESCALE); a CAST
+    of ours is not a layout operator, so the move is refused for it. Layout
+    operators next to our RESCALE still move onto the int8 side.
+    """
+    from executorch.backends.arm._passes import ArmPassManager
+    from executorch.backends.arm._passes.decompose_quant_nodes import DecomposeQuantNodesPass
+    from executorch.backends.arm._passes.move_data_movement_ops_to_smaller_dtype_pass import (
+        MoveDataMovementOpsToSmallerDtypePass as MoveToSmaller,
+    )
+
+    from codec_tosa._passes.lower_codecs import CODEC_META_KEY, LowerCodecsPass
+
+    ops = codec_ops()
+    configure = ArmPassManager.__dict__["_configure_pass_insertions"]
+    uses_wider_dtype = MoveToSmaller.__dict__["_uses_wider_dtype"]
+
+    def configure_with_codecs(self: Any, exported_program: ExportedProgram) -> None:
+        configure(self, exported_program)
+        self.insert_passes_before(DecomposeQuantNodesPass, [LowerCodecsPass(ops)])
+
+    def layout_only(self: Any, data_movement: Any, rescale: Any, smaller_side: Any) -> bool:
+        if CODEC_META_KEY in data_movement.meta:
+            return False
+        return uses_wider_dtype(self, data_movement, rescale, smaller_side)
+
+    with _patched(ArmPassManager, "_configure_pass_insertions", configure_with_codecs), \
+            _patched(MoveToSmaller, "_uses_wider_dtype", layout_only):
         yield
 
 

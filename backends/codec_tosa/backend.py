@@ -33,11 +33,12 @@ class CodecTosaBackend(BackendDetails):
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         arm_spec = arm_adapter.compile_spec_from_list(compile_specs)
         pool = bool(read_options(compile_specs).get("pool_constants", True))
-        if has_plan(edge_program.graph_module):
+        planned = has_plan(edge_program.graph_module)
+        if planned:
             edge_program = materialize(edge_program)
         serializer = arm_adapter.new_serializer(
             arm_spec, PooledTosaSerializer if pool else ts.TosaSerializer)
-        payload = arm_adapter.lower_into(edge_program, arm_spec, serializer)
+        payload = arm_adapter.lower_into(edge_program, arm_spec, serializer, lower_codecs=planned)
         if not pool:
             return PreprocessResult(processed_bytes=payload)
         # what pooling saved travels in the .pte as named data (`codec-tosa report`)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from codec_tosa.codecs.int8 import DEFAULT_CODEC, Int8Affine
+from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.placement.domains import COALESCE, check_placement
 
@@ -24,6 +24,8 @@ class CodecSpec:
     fused_transcode: bool = False
     pool_constants: bool = True
     table: CommutationTable | None = None
+    # activation codecs with zero point 0 (2-operator encode/decode instead of 3)
+    symmetric_activations: bool = False
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
@@ -39,20 +41,21 @@ class CodecSpec:
         return self.policy == self.commutation_table.order.reference
 
     @property
-    def activation_codec(self) -> Int8Affine:
-        """The codec whose theta calibration learns for each domain."""
-        return DEFAULT_CODEC
-
-    @property
     def tosa_spec(self) -> str:
         if self.tosa:
             return self.tosa
         return FP_ONLY if self.reference else INT_FP
 
+    @property
+    def activation_codec(self) -> Int8Affine:
+        """The codec whose theta calibration learns for each domain."""
+        return SYMMETRIC_CODEC if self.symmetric_activations else DEFAULT_CODEC
+
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "reference": self.reference, "placement": self.placement,
                 "tosa": self.tosa_spec,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
+                "symmetric_activations": self.symmetric_activations,
                 "custom_table": self.table is not None}
 
     def dumps(self) -> str:

@@ -18,11 +18,25 @@ _ZERO_RANGE_SCALE = 1.0
 
 
 class Int8Affine:
+    """Per-tensor INT8 activations; `symmetric` pins the zero point to 0.
+
+    Symmetric thetas use scale max|x| / 127 and keep the full code range
+    [-128, 127]: the z = 0 encode is MUL -> CAST f32->int8, and that CAST
+    saturates to exactly [-128, 127], so the extra code -128 costs nothing,
+    whereas a [-127, 127] range would need a CLAMP after every encode to stay
+    bit-exact with `quantize_per_tensor` (docs/DESIGN.md, "Codec lowering").
+    """
+
     code_bytes = 1
+
+    def __init__(self, symmetric: bool = False) -> None:
+        self.symmetric = symmetric
 
     def learn(self, lo: float, hi: float) -> Theta:
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError(f"observed range [{lo}, {hi}] is not finite")
+        if self.symmetric:
+            return self._learn_symmetric(max(abs(lo), abs(hi)))
         # the range must contain 0 so that zero (padding, ReLU floor) is exact
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         span = hi - lo
@@ -30,6 +44,10 @@ class Int8Affine:
         zero_point = int(round(QMIN - lo / scale))
         zero_point = max(QMIN, min(QMAX, zero_point))
         return Theta(float(scale), zero_point, QMIN, QMAX, torch.int8)
+
+    def _learn_symmetric(self, amax: float) -> Theta:
+        scale = max(amax / QMAX, _TINY) if amax > 0 else _ZERO_RANGE_SCALE
+        return Theta(float(scale), 0, QMIN, QMAX, torch.int8)
 
     def learn_weight(self, weight: torch.Tensor, axis: int = 0) -> ChannelTheta:
         dims = [d for d in range(weight.dim()) if d != axis]
@@ -40,3 +58,4 @@ class Int8Affine:
 
 
 DEFAULT_CODEC = Int8Affine()
+SYMMETRIC_CODEC = Int8Affine(symmetric=True)

@@ -80,7 +80,8 @@ def _spec(args: argparse.Namespace):
 
     table = CommutationTable.from_json(args.table) if args.table else None
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
-                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table)
+                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table,
+                     symmetric_activations=getattr(args, "symmetric_activations", False))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -196,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tosa", help="TOSA spec (default TOSA-1.0+INT+FP; TOSA-1.0+FP for policy Z)")
     c.add_argument("--fused-transcode", action="store_true")
     c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
+    c.add_argument("--symmetric-activations", action="store_true",
+                   help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
     c.add_argument("--table", help="a user commutation table (JSON)")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
