@@ -112,41 +112,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import json
+    from codec_tosa.pte_report import report_lines
 
-    from codec_tosa.runtime.validate import delegate_payload, delegate_provenance, payload_stats, read_pte
-
-    data = read_pte(args.pte)
-    payload = delegate_payload(data, args.pte)
-    stats = payload_stats(payload, args.pte)
-    prov = delegate_provenance(data)
-    print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
-    print(f"versions: {prov.get('versions')}")
-    print(f"spec: {prov.get('spec')}; TOSA {prov.get('tosa_spec')}")
-    plan = prov.get("plan", {})
-    print(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
-    print(f"TOSA operators: {stats.operators} ({stats.const_ops} CONST, {stats.const_shape_ops} CONST_SHAPE, "
-          f"{stats.const_bytes + stats.const_shape_bytes} constant bytes)")
-    print(_table(["operator", "count", "traffic MiB"],
-                 [(k, v, stats.traffic_by_op.get(k, 0) / 2**20)
-                  for k, v in sorted(stats.operators_by_type.items(), key=lambda kv: -kv[1])]))
-    print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / 2**20:.4g} MiB")
-    from codec_tosa.serialization.pooling_record import read_pooling_stats
-
-    pooling = read_pooling_stats(data, payload)
-    if pooling is None:
-        print("constant pooling: off (no pooling record in the .pte)")
-    else:
-        print(f"constant pooling: {pooling.operators_saved} operators saved "
-              f"({pooling.helper_consts_reused} helper constants reused, "
-              f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
-              f"{pooling.helper_bytes_saved} constant bytes saved")
-    rep = Path(args.pte).with_name("report.json")
-    if rep.is_file():
-        modeled = json.loads(rep.read_text()).get("modeled")
-        if modeled:
-            print(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
-                  f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+    print("\n".join(report_lines(args.pte, _table)))
     return 0
 
 
@@ -205,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
     v.set_defaults(func=cmd_validate)
 
-    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegate")
+    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegates (any backend)")
     r.add_argument("pte")
     r.set_defaults(func=cmd_report)
 

@@ -101,6 +101,10 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         "pte_bytes": len(pte),
         "times": times,
     }
+    from codec_tosa.serialization.tosa_delegates import read_program_delegates
+
+    # operators, constants, unfused and fused traffic of the delegates as serialised
+    report["tosa"] = read_program_delegates(pte).summary()
     if part.last_placement is not None and part.last_placement_graph is not None:
         from codec_tosa.traffic import MIB, measure
 

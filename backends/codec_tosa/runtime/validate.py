@@ -88,7 +88,8 @@ class Validation:
         return out
 
 
-def read_pte(path: str | Path) -> bytes:
+def read_pte(path: str | Path, backend: str | None = BACKEND_ID) -> bytes:
+    """The bytes of a .pte that holds a `backend` delegate (None: any program)."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -100,8 +101,8 @@ def read_pte(path: str | Path) -> bytes:
         info = inspect_pte(data)
     except PteRunError as e:
         raise ValidationError(f"{p}: {e}") from None
-    if BACKEND_ID not in info.delegate_ids:
-        raise ValidationError(f"{p}: holds no {BACKEND_ID} delegate (delegates: {list(info.delegate_ids) or 'none'})")
+    if backend is not None and backend not in info.delegate_ids:
+        raise ValidationError(f"{p}: holds no {backend} delegate (delegates: {list(info.delegate_ids) or 'none'})")
     # inspect_pte reads the program header only; a truncated file still has one
     # but loses segments (and delegate payloads would come back silently short)
     from executorch.exir._serialize._program import deserialize_pte_binary
