@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -138,6 +137,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codec-tosa", description=__doc__)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show other packages' known-harmless warnings and notes too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("analyze", help="place codecs and report storage/traffic/codec items")
@@ -198,10 +199,12 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from codec_tosa.quiet import quiet
+
     args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        return int(args.func(args) or 0)
+        with quiet(verbose=args.verbose):  # errors are printed below, after it
+            return int(args.func(args) or 0)
     except (CliError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
         return 2
