@@ -10,7 +10,6 @@ product path is then checked across policies on a small model.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -21,10 +20,10 @@ from executorch.exir import to_edge
 from executorch.exir.capture._config import EdgeCompileConfig
 
 from codec_tosa import arm_adapter
-from codec_tosa.compiler import lower_program
-from codec_tosa.partitioner import simulate
-from codec_tosa.runtime.validate import delegate_payload
-from codec_tosa.serialization.reference_check import run_reference
+from codec_tosa.tools.compiler import lower_program
+from codec_tosa.simulation import simulate
+from codec_tosa.runtime.pte import delegate_payload
+from codec_tosa.tools.reference_model import run_reference_model as run_reference
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 
@@ -151,15 +150,15 @@ def test_policies_lower_codecs_without_rounding_emulation(small_model, policy: s
     payload = delegate_payload(lowered.pte)
     ops = _operators(payload)
     assert not EMULATION_OPS & set(ops), ops
-    part = lowered.partitioner
-    graph = part.last_placement_graph
+    part = lowered.planned
+    graph = part.graph
     out_port = next(p for p in range(graph.num_in_ports) if graph.in_op[p] == -1)
-    step = part.last_thetas[part.last_placement.plan.value_domain[graph.in_value[out_port]]].scale
+    step = part.thetas[part.placement.plan.value_domain[graph.in_value[out_port]]].scale
     g = torch.Generator().manual_seed(123)  # held out: not among the calibration inputs
     for _ in range(3):
         held_out = (torch.randn(x[0].shape, generator=g),)
         (ref,) = run_reference(payload, [held_out[0].numpy()])
-        sim = simulate(copy.deepcopy(part.last_program), held_out)[0].numpy()
+        sim = simulate(part, held_out)[0].numpy()
         # INT8 convolutions accumulate in int32 and RESCALE (simulate runs them in FP32
         # on decoded values), so the output may differ by one step of its domain
         assert np.max(np.abs(ref.reshape(sim.shape) - sim)) <= step * (1 + 1e-4)

@@ -117,47 +117,33 @@ def delegate_payload(data: bytes, backend_id: str = BACKEND_ID, path: str | Path
 
 @dataclass(frozen=True)
 class Delegate:
-    """One delegate of a program: its backend, payload and compile specs."""
+    """One delegate of a program: where it is called, its backend, payload and compile specs."""
 
-    index: int
+    method: str  # the execution plan (method) that calls it
+    index: int  # its position among that method's delegates
     backend_id: str
     payload: bytes
-    compile_specs: dict[str, Any]  # our options and provenance, and Arm's tosa_spec
+    compile_specs: dict[str, Any]  # read_provenance's view: our options and provenance, Arm's tosa_spec
 
 
 def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
-    """Every delegate of the program, in order, with its payload and compile specs."""
-    from executorch.exir._serialize._program import _extract_delegate_payload, deserialize_pte_binary
+    """Every delegate of every method, in order, with its payload and compile specs."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
 
     try:
         program = deserialize_pte_binary(data)
     except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
-        raise PteError(f"{path}: not a valid ExecuTorch program (.pte): {e}") from None
+        raise PteError(f"{path}: not a valid ExecuTorch program (.pte), truncated or corrupt: {e}") from None
     program = getattr(program, "program", program)
-    found = [d for plan in program.execution_plan for d in plan.delegates]
-    out: list[Delegate] = []
-    for i, d in enumerate(found):
-        # executorch matches ids as case-insensitive substrings ("TOSABackend"
-        # also matches "CodecTosaBackend"): count the earlier matches
-        k = sum(d.id.lower() in e.id.lower() for e in found[:i])
-        payload = _extract_delegate_payload(data, d.id, k)
-        if payload is None:
-            raise PteError(f"{path}: delegate {i} ({d.id}) has no payload")
-        out.append(Delegate(i, d.id, bytes(payload), read_provenance(d.compile_specs)))
-    return out
+    # deserialize_pte_binary moves segment payloads inline
+    return [Delegate(plan.name, i, d.id, bytes(program.backend_delegate_data[d.processed.index].data),
+                     read_provenance(d.compile_specs))
+            for plan in program.execution_plan for i, d in enumerate(plan.delegates)]
 
 
 def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, Any]:
     """The options and provenance in the compile specs of the first `backend_id` delegate."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    program = deserialize_pte_binary(data)
-    program = getattr(program, "program", program)
-    for plan in program.execution_plan:
-        for d in plan.delegates:
-            if d.id == backend_id:
-                return read_provenance(d.compile_specs)
-    return {}
+    return next((d.compile_specs for d in delegates(data) if d.backend_id == backend_id), {})
 
 
 def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:

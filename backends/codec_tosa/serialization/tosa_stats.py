@@ -10,6 +10,16 @@ the bytes of its input and output *tensors* at their TOSA dtypes (weights
 read by a CONV2D count; shape operands, which live in the block's shape table
 and are metadata, do not). Tensors with a dynamic dimension (-1) contribute
 nothing and are counted in `dynamic_tensors` instead.
+
+Fused traffic (`fused_traffic_bytes`) counts the same bytes as if chains of
+elementwise operators ran inside the operator that feeds them (docs/DESIGN.md,
+"Fused traffic"): an elementwise operator (RESCALE, CAST, CLAMP, IDENTITY and
+the unary, binary and SELECT operators) whose inputs are all constants but
+one, and which is the only reader of that one input (a block output counts as
+a reader), joins the group of the operator producing it. Each group reads its
+external input tensors once (constants included, as weights are above) and
+writes the tensors it produces that another group reads or that are block
+outputs; bytes inside a group never reach memory and do not count.
 """
 
 from __future__ import annotations
@@ -111,6 +121,11 @@ class TosaStats:
     dynamic_tensors: int = 0
     traffic_bytes: int = 0
     traffic_by_op: dict[str, int] = field(default_factory=dict)
+    # elementwise chains fused into their producers (see the module docstring);
+    # a group's bytes are filed under its first operator
+    fused_groups: int = 0
+    fused_traffic_bytes: int = 0
+    fused_traffic_by_op: dict[str, int] = field(default_factory=dict)
 
     @property
     def constant_bytes(self) -> int:
@@ -259,6 +274,83 @@ def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
         yield from _operators(region, block_name, block, _block_tensors(block))
 
 
+# Operators that compute each output element from the same element of their
+# inputs, so a chain of them can run inside the operator that feeds it.
+ELEMENTWISE_OPS = frozenset({
+    "RESCALE", "CAST", "CLAMP", "IDENTITY", "TABLE",
+    # unary
+    "ABS", "BITWISE_NOT", "CEIL", "CLZ", "COS", "ERF", "EXP", "FLOOR", "LOG",
+    "LOGICAL_NOT", "NEGATE", "RECIPROCAL", "RSQRT", "SIGMOID", "SIN", "TANH",
+    # binary
+    "ADD", "ARITHMETIC_RIGHT_SHIFT", "BITWISE_AND", "BITWISE_OR", "BITWISE_XOR",
+    "EQUAL", "GREATER", "GREATER_EQUAL", "INTDIV", "LOGICAL_AND",
+    "LOGICAL_LEFT_SHIFT", "LOGICAL_OR", "LOGICAL_RIGHT_SHIFT", "LOGICAL_XOR",
+    "MAXIMUM", "MINIMUM", "MUL", "POW", "SUB",
+    # ternary, fused only when two of its inputs are constants like the others
+    "SELECT",
+})
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    """Operators that run as one: a producer and the elementwise chain it feeds."""
+
+    region: str
+    block: str
+    ops: list[str]  # operator names, in flatbuffer order
+    inputs: list[str]  # tensors read from outside the group (constants too)
+    outputs: list[str]  # tensors written: read by another group, or block outputs
+    traffic_bytes: int
+
+
+def _fused_groups(region: str, block_name: str, block, tensors: dict[str, TensorInfo],
+                  shapes: dict[str, int]) -> list[FusedGroup]:
+    every = list(_operators(region, block_name, block, tensors))
+    ops = [o for o in every if o.op not in CONST_OPS]
+    constant = set(shapes) | {name for o in every if o.op in CONST_OPS for name in o.outputs}
+    block_outputs = {_decode(block.Outputs(i)) for i in range(block.OutputsLength())}
+    producer = {name: i for i, o in enumerate(ops) for name in o.outputs}
+    readers: dict[str, set[int]] = {}
+    for i, o in enumerate(ops):
+        for name in o.inputs:
+            readers.setdefault(name, set()).add(i)
+
+    group_of: list[int] = []
+    members: list[list[int]] = []
+    for i, o in enumerate(ops):
+        variable = [name for name in o.inputs if name not in constant]
+        joins = (o.op in ELEMENTWISE_OPS and len(variable) == 1 and variable[0] in producer
+                 and readers[variable[0]] == {i} and variable[0] not in block_outputs)
+        if joins:
+            g = group_of[producer[variable[0]]]
+        else:
+            g = len(members)
+            members.append([])
+        group_of.append(g)
+        members[g].append(i)
+
+    def nbytes(name: str) -> int:
+        info = tensors.get(name)  # shape-table operands are metadata: not in `tensors`
+        return (info.nbytes or 0) if info is not None else 0
+
+    groups = []
+    for g, idx in enumerate(members):
+        inside = {name for i in idx for name in ops[i].outputs}
+        inputs = list(dict.fromkeys(name for i in idx for name in ops[i].inputs
+                                    if name not in inside and name in tensors))
+        outputs = [name for i in idx for name in ops[i].outputs
+                   if name in block_outputs or any(group_of[r] != g for r in readers.get(name, ()))]
+        groups.append(FusedGroup(region, block_name, [ops[i].op for i in idx], inputs, outputs,
+                                 sum(map(nbytes, inputs)) + sum(map(nbytes, outputs))))
+    return groups
+
+
+def iter_fused_groups(buf: bytes) -> Iterator[FusedGroup]:
+    """Every fused group of every block (the unit of `fused_traffic_bytes`)."""
+    for region, block_name, block in _walk(_graph(buf)):
+        yield from _fused_groups(region, block_name, block, _block_tensors(block), _block_shapes(block))
+
+
 def tosa_stats(buf: bytes) -> TosaStats:
     """Count operators, constants, tensors and traffic of a TOSA flatbuffer.
 
@@ -276,6 +368,7 @@ def _tosa_stats(buf: bytes) -> TosaStats:
     stats = TosaStats(payload_bytes=len(buf), regions=graph.RegionsLength())
     by_type: Counter[str] = Counter()
     traffic_by_op: Counter[str] = Counter()
+    fused_by_op: Counter[str] = Counter()
     for region, block_name, block in _walk(graph):
         stats.blocks += 1
         tensors = _block_tensors(block)
@@ -296,7 +389,12 @@ def _tosa_stats(buf: bytes) -> TosaStats:
             else:
                 traffic_by_op[info.op] += info.traffic_bytes
                 stats.traffic_bytes += info.traffic_bytes
+        for group in _fused_groups(region, block_name, block, tensors, shapes):
+            stats.fused_groups += 1
+            stats.fused_traffic_bytes += group.traffic_bytes
+            fused_by_op[group.ops[0]] += group.traffic_bytes
     stats.operators = sum(by_type.values())
     stats.operators_by_type = dict(sorted(by_type.items()))
     stats.traffic_by_op = dict(sorted(traffic_by_op.items()))
+    stats.fused_traffic_by_op = dict(sorted(fused_by_op.items()))
     return stats

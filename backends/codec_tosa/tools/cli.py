@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -114,41 +113,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import json
+    from codec_tosa.tools.report import report_lines
 
-    from codec_tosa.backend import BACKEND_ID
-    from codec_tosa.runtime.pte import delegate_payload, delegate_provenance, read_pooling_stats, read_pte
-    from codec_tosa.tools.validate import payload_stats
-
-    data = read_pte(args.pte)
-    payload = delegate_payload(data, BACKEND_ID, args.pte)
-    stats = payload_stats(payload, args.pte)
-    prov = delegate_provenance(data, BACKEND_ID)
-    print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
-    print(f"versions: {prov.get('versions')}")
-    print(f"spec: {prov.get('spec')}; TOSA {prov.get('tosa_spec')}")
-    plan = prov.get("plan", {})
-    print(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
-    print(f"TOSA operators: {stats.operators} ({stats.const_ops} CONST, {stats.const_shape_ops} CONST_SHAPE, "
-          f"{stats.const_bytes + stats.const_shape_bytes} constant bytes)")
-    print(_table(["operator", "count", "traffic MiB"],
-                 [(k, v, stats.traffic_by_op.get(k, 0) / MIB)
-                  for k, v in sorted(stats.operators_by_type.items(), key=lambda kv: -kv[1])]))
-    print(f"TOSA traffic (non-constant operators): {stats.traffic_bytes / MIB:.4g} MiB")
-    pooling = read_pooling_stats(data, payload)
-    if pooling is None:
-        print("constant pooling: off (no pooling record in the .pte)")
-    else:
-        print(f"constant pooling: {pooling.operators_saved} operators saved "
-              f"({pooling.helper_consts_reused} helper constants reused, "
-              f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
-              f"{pooling.helper_bytes_saved} constant bytes saved")
-    rep = Path(args.pte).with_name("report.json")
-    if rep.is_file():
-        modeled = json.loads(rep.read_text()).get("modeled")
-        if modeled:
-            print(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
-                  f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+    print("\n".join(report_lines(args.pte, _table)))
     return 0
 
 
@@ -172,6 +139,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codec-tosa", description=__doc__)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show other packages' known-harmless warnings and notes too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("analyze", help="place codecs and report storage/traffic/codec items")
@@ -209,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
     v.set_defaults(func=cmd_validate)
 
-    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegate")
+    r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegates (any backend)")
     r.add_argument("pte")
     r.set_defaults(func=cmd_report)
 
@@ -234,10 +203,12 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from codec_tosa.tools.quiet import quiet
+
     args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        return int(args.func(args) or 0)
+        with quiet(verbose=args.verbose):  # errors are printed below, after it
+            return int(args.func(args) or 0)
     except (CliError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
         return 2

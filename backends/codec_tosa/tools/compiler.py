@@ -21,6 +21,7 @@ from codec_tosa.planning import PlannedProgram
 from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.loading import load_and_export
+from codec_tosa.tools.report import program_delegates
 from codec_tosa.units import MIB
 
 PTE = "model.pte"
@@ -103,6 +104,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         "pte_bytes": len(pte),
         "times": times,
     }
+    # operators, constants, unfused and fused traffic of the delegates as serialised
+    report["tosa"] = program_delegates(pte).summary()
     if planned is not None:
         tr = planned.traffic()
         report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,

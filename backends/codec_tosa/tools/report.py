@@ -1,0 +1,196 @@
+"""`codec-tosa report`: what the TOSA delegates of a .pte hold.
+
+Any TOSA delegate is described (docs/DESIGN.md, "report"): operators,
+constants, unfused and fused traffic per delegate, their sum when there are
+several, and codec_tosa's provenance, plan and pooling record where the
+delegate is ours.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tosa.TosaGraph import TosaGraph
+
+from codec_tosa.backend import BACKEND_ID
+from codec_tosa.runtime.pte import delegates, read_pooling_stats, read_pte
+from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
+from codec_tosa.units import MIB
+
+Table = Callable[[Sequence[object], Sequence[Sequence[object]]], str]
+
+# Backends known to emit a bare TOSA flatbuffer as their payload; a payload of
+# one of these that does not parse is an error, not "some other delegate".
+KNOWN_TOSA_BACKENDS: dict[str, str] = {
+    "CodecTosaBackend": "codec_tosa",
+    "TOSABackend": "stock Arm TOSA",
+}
+
+
+@dataclass(frozen=True)
+class TosaDelegate:
+    """One delegate of a program whose payload is a TOSA flatbuffer."""
+
+    method: str  # the execution plan (method) that calls it
+    index: int  # its position among that method's delegates
+    backend_id: str
+    payload: bytes
+    compile_specs: dict[str, Any]  # our options and provenance, and Arm's tosa_spec
+    stats: TosaStats
+
+    @property
+    def backend(self) -> str:
+        """Who made it, in words."""
+        return KNOWN_TOSA_BACKENDS.get(self.backend_id, "TOSA flatbuffer payload")
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """codec_tosa's provenance keys, and the TOSA spec any Arm-style delegate records."""
+        return self.compile_specs
+
+    def summary(self) -> dict[str, Any]:
+        """The figures report.json records for this delegate."""
+        s = self.stats
+        return {"method": self.method, "index": self.index, "backend_id": self.backend_id,
+                "tosa_spec": self.provenance.get("tosa_spec"), "payload_bytes": s.payload_bytes,
+                **_figures(s)}
+
+
+@dataclass(frozen=True)
+class OtherDelegate:
+    """A delegate whose payload is not TOSA (an Ethos-U command stream, a VGF file...)."""
+
+    method: str
+    index: int
+    backend_id: str
+    payload_bytes: int
+
+
+@dataclass
+class ProgramDelegates:
+    tosa: list[TosaDelegate] = field(default_factory=list)
+    other: list[OtherDelegate] = field(default_factory=list)
+
+    def total(self) -> TosaStats:
+        """The TOSA delegates' figures summed."""
+        return sum_stats([d.stats for d in self.tosa])
+
+    def summary(self) -> dict[str, Any]:
+        """report.json's "tosa" entry: each delegate's figures and their sum."""
+        return {"delegates": [d.summary() for d in self.tosa], "total": _figures(self.total()),
+                "other_delegates": [d.backend_id for d in self.other]}
+
+
+def _figures(s: TosaStats) -> dict[str, Any]:
+    return {"operators": s.operators, "constant_bytes": s.constant_bytes,
+            "traffic_bytes": s.traffic_bytes, "traffic_mib": s.traffic_bytes / MIB,
+            "fused_groups": s.fused_groups, "fused_traffic_bytes": s.fused_traffic_bytes,
+            "fused_traffic_mib": s.fused_traffic_bytes / MIB}
+
+
+def is_tosa_flatbuffer(payload: bytes) -> bool:
+    """Whether the payload carries the TOSA flatbuffer file identifier."""
+    return len(payload) >= 8 and TosaGraph.TosaGraphBufferHasIdentifier(payload, 0)
+
+
+def sum_stats(stats: list[TosaStats]) -> TosaStats:
+    """Field-wise sum of several flatbuffers' statistics (dicts are summed by key)."""
+    total = TosaStats()
+    for f in fields(TosaStats):
+        values = [getattr(s, f.name) for s in stats]
+        if isinstance(getattr(total, f.name), dict):
+            summed: Counter[str] = Counter()
+            for v in values:
+                summed.update(v)
+            setattr(total, f.name, dict(sorted(summed.items())))
+        else:
+            setattr(total, f.name, sum(values))
+    return total
+
+
+def program_delegates(data: bytes, path: str | Path = "<bytes>") -> ProgramDelegates:
+    """Every delegate of a .pte; the TOSA ones with their statistics.
+
+    Raises ValueError (naming `path`) when a known TOSA backend's payload is
+    not a TOSA flatbuffer."""
+    found = ProgramDelegates()
+    for d in delegates(data, path):
+        if d.backend_id not in KNOWN_TOSA_BACKENDS and not is_tosa_flatbuffer(d.payload):
+            found.other.append(OtherDelegate(d.method, d.index, d.backend_id, len(d.payload)))
+            continue
+        try:
+            stats = tosa_stats(d.payload)
+        except ValueError as e:
+            raise ValueError(f"{path}: the {d.backend_id} delegate is unusable: {e}") from None
+        found.tosa.append(TosaDelegate(d.method, d.index, d.backend_id, d.payload, d.compile_specs, stats))
+    return found
+
+
+
+
+def report_lines(pte: str | Path, table: Table) -> list[str]:
+    """The report of the .pte at `pte`; `table` formats a header and rows.
+
+    Raises ValueError naming the file when it is not a readable program or
+    holds no TOSA delegate."""
+    data = read_pte(pte)
+    found = program_delegates(data, str(pte))
+    others = [f"{d.backend_id} (method {d.method}, {d.payload_bytes} bytes)" for d in found.other]
+    if not found.tosa:
+        raise ValueError(f"{pte}: holds no TOSA delegate (delegates: {others or 'none'})")
+    n = len(found.tosa)
+    lines = [f"{pte}: {len(data)} bytes; {n} TOSA delegate{'s' if n > 1 else ''}"]
+    if others:
+        lines.append(f"other delegates (not TOSA, not described): {', '.join(others)}")
+    for d in found.tosa:
+        lines += [""] + _delegate_lines(d, data, table)
+    if n > 1:
+        total = found.total()
+        lines += ["", f"total over {n} TOSA delegates: {total.operators} operators, "
+                      f"{total.constant_bytes} constant bytes"]
+        lines.append(_traffic_line(total))
+    rep = Path(pte).with_name("report.json")
+    if rep.is_file():
+        modeled = json.loads(rep.read_text()).get("modeled")
+        if modeled:
+            lines.append(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
+                         f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+    return lines
+
+
+def _traffic_line(s: TosaStats) -> str:
+    return (f"TOSA traffic (non-constant operators): {s.traffic_bytes / MIB:.4g} MiB unfused, "
+            f"{s.fused_traffic_bytes / MIB:.4g} MiB fused ({s.fused_groups} groups: elementwise "
+            "chains run inside their producer; fused MiB lists a group under its first operator)")
+
+
+def _delegate_lines(d: TosaDelegate, data: bytes, table: Table) -> list[str]:
+    s = d.stats
+    prov = d.provenance
+    lines = [f"delegate {d.index} of method {d.method}: {d.backend_id} ({d.backend}), "
+             f"payload {s.payload_bytes} bytes, TOSA spec {prov.get('tosa_spec', 'not recorded')}"]
+    if d.backend_id == BACKEND_ID:
+        lines.append(f"versions: {prov.get('versions')}")
+        lines.append(f"spec: {prov.get('spec')}")
+        plan = prov.get("plan", {})
+        lines.append(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
+    lines.append(f"TOSA operators: {s.operators} ({s.const_ops} CONST, {s.const_shape_ops} CONST_SHAPE, "
+                 f"{s.constant_bytes} constant bytes)")
+    lines.append(table(["operator", "count", "traffic MiB", "fused MiB"],
+                       [(k, v, s.traffic_by_op.get(k, 0) / MIB, s.fused_traffic_by_op.get(k, 0) / MIB)
+                        for k, v in sorted(s.operators_by_type.items(), key=lambda kv: -kv[1])]))
+    lines.append(_traffic_line(s))
+    if d.backend_id == BACKEND_ID:
+        pooling = read_pooling_stats(data, d.payload)
+        if pooling is None:
+            lines.append("constant pooling: off (no pooling record in the .pte)")
+        else:
+            lines.append(f"constant pooling: {pooling.operators_saved} operators saved "
+                         f"({pooling.helper_consts_reused} helper constants reused, "
+                         f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
+                         f"{pooling.helper_bytes_saved} constant bytes saved")
+    return lines
