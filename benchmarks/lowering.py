@@ -1,26 +1,29 @@
-"""Side by side (issue 4, item 7): codec_tosa placements at policy W vs the stock Arm flow.
+"""Side by side: codec_tosa at policy W vs Arm's stock TOSA flows, one process per run.
 
-For each model (default: ShuffleNetV2 and U-Net) this lowers, in one process
-and in this order:
+For each model (default: ShuffleNetV2, U-Net, InceptionV3) this lowers, in this order:
 
-* ``stock``: Arm's PT2E flow, `TOSAQuantizer` (INT8, `get_symmetric_quantization_config`)
-  then `TOSAPartitioner` with ``TOSA-1.0+INT``;
-* ``local``, ``nonlocal``, ``nonlocal+coalesce``: `CodecTosaPartitioner` at policy W
-  (``TOSA-1.0+INT+FP``).
+* ``stock-fp``: Arm's `TOSAPartitioner` with ``TOSA-1.0+FP`` (no quantization);
+* ``stock-int8``: Arm's PT2E flow, `TOSAQuantizer` (INT8,
+  `get_symmetric_quantization_config`) then `TOSAPartitioner` with ``TOSA-1.0+INT``;
+* ours: `CodecTosaPartitioner` at policy W with each placement asked for
+  (default ``nonlocal+coalesce``; ``TOSA-1.0+INT+FP``).
 
-All four use the same calibration (the example input plus 3 seeded random
-inputs). Every configuration is lowered with the same timed code
+All use the same calibration (the example input plus 3 seeded random inputs).
+Every configuration is lowered with the same timed code
 (`to_edge_transform_and_lower`, then `.to_executorch()`, as
-`codec_tosa.tools.compiler.lower_program` does), and for each one the script reports
-TOSA operators, RESCALE count, TOSA traffic and payload bytes read back from
-the delegate payload(s) (`tosa_stats`), lowering wall time and its ratio
-against stock, and the validation error:
+`codec_tosa.tools.compiler.lower_program` does). For each one the script reports,
+read back from the delegate payload(s) with `tosa_stats`: TOSA operators,
+non-constant operators, RESCALEs, unfused and fused TOSA traffic (README,
+"Fused traffic"), payload bytes; lowering wall time and its ratio against
+stock INT8; and, on a held-out seeded random input that no flow calibrated on:
 
 * ours: max |TOSA reference model - `simulate()`| in units of each output's
-  quantisation step, and SQNR of the reference-model output against FP32 eager;
-* stock: max |TOSA reference model - the PT2E converted module (its own
+  quantisation step;
+* stock INT8: max |TOSA reference model - the PT2E converted module (its own
   quantized eager)| in units of the output's quantisation step (the scale of
-  the output's dequantize), and SQNR against FP32 eager.
+  the output's dequantize);
+* stock FP: max |TOSA reference model - eager| in units of range / 255;
+* every flow: SQNR of the reference-model output against FP32 eager.
 
 The "reference model" output is the whole edge program run in PyTorch with each
 delegate call executed by the TOSA reference model (so CPU-side quantize /
@@ -29,7 +32,8 @@ still works).
 
 Usage::
 
-    python benchmarks/lowering.py [--models shufflenet_v2 unet] [--json benchmarks/lowering.json]
+    python benchmarks/lowering.py [--models shufflenet_v2 unet inception_v3]
+        [--placements nonlocal+coalesce] [--json benchmarks/lowering.json]
 """
 
 from __future__ import annotations
@@ -48,10 +52,15 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-DEFAULT_MODELS = ("shufflenet_v2", "unet")
-PLACEMENTS = ("local", "nonlocal", "nonlocal+coalesce")
-STOCK = "stock"
+from codec_tosa.units import MIB
+
+DEFAULT_MODELS = ("shufflenet_v2", "unet", "inception_v3")
+DEFAULT_PLACEMENTS = ("nonlocal+coalesce",)
+STOCK = "stock-int8"
 STOCK_TOSA = "TOSA-1.0+INT"
+STOCK_FP = "stock-fp"
+STOCK_FP_TOSA = "TOSA-1.0+FP"
+HELD_OUT_SEED = 1234  # the input errors and SQNR are measured on; calibration never sees it
 POLICY = "W"
 CALIBRATION_RANDOM = 3  # plus the example input
 WARMUP_MODEL = "tiny_shufflenet"
@@ -72,9 +81,11 @@ class Row:
     rescales: int
     traffic_bytes: int
     payload_bytes: int
-    quantize_s: float  # stock: PT2E prepare + calibrate + convert + export; ours: 0 (in lowering)
-    lowering_s: float  # to_edge_transform_and_lower
-    serialisation_s: float  # .to_executorch()
+    nonconst_operators: int = 0  # operators other than CONST / CONST_SHAPE
+    fused_traffic_bytes: int = 0
+    quantize_s: float = 0.0  # stock: PT2E prepare + calibrate + convert + export; ours: 0 (in lowering)
+    lowering_s: float = 0.0  # to_edge_transform_and_lower
+    serialisation_s: float = 0.0  # .to_executorch()
     lowering_ratio: float = math.nan  # lowering_s / stock lowering_s
     total_ratio: float = math.nan  # (quantize + lowering) / stock's
     err_steps: float = math.nan  # max |reference model - expected| / step, over outputs
@@ -261,12 +272,14 @@ def payload_row(model: str, config: str, tosa: str, edge: Any) -> Row:
 
     by_type: dict[str, int] = {}
     by_op: dict[str, int] = {}
-    row = Row(model, config, tosa, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
+    row = Row(model, config, tosa, 0, 0, 0, 0, 0)
     for lowered in lowered_modules(edge):
         stats = tosa_stats(bytes(lowered.processed_bytes))
         row.delegates += 1
         row.operators += stats.operators
         row.traffic_bytes += stats.traffic_bytes
+        row.fused_traffic_bytes += stats.fused_traffic_bytes
+        row.nonconst_operators += stats.operators - stats.const_ops - stats.const_shape_ops
         row.payload_bytes += stats.payload_bytes
         for k, v in stats.operators_by_type.items():
             by_type[k] = by_type.get(k, 0) + v
@@ -284,8 +297,29 @@ def modeled_traffic(part: Any) -> int | None:
 # --------------------------------------------------------------------------- configurations
 
 
+def held_out(inputs: Inputs) -> Inputs:
+    """A seeded random input shaped like the example, outside every calibration set."""
+    from codec_tosa.calibration import random_calibration
+
+    return random_calibration(inputs, 1, seed=HELD_OUT_SEED)[0]
+
+
+def run_stock_fp(model: str, module: torch.nn.Module, inputs: Inputs, test: Inputs,
+                 eager: list[torch.Tensor]) -> Row:
+    from codec_tosa import arm_adapter
+
+    spec = arm_adapter.tosa_compile_spec(STOCK_FP_TOSA)
+    low = timed_lower(export(module, inputs), arm_adapter.stock_partitioner(spec))
+    row = payload_row(model, STOCK_FP, STOCK_FP_TOSA, low.edge)
+    row.lowering_s, row.serialisation_s = low.lowering_s, low.serialisation_s
+    steps = [float(e.max() - e.min()) / 255.0 for e in eager]
+    err = compare(run_on_reference_model(low.edge, test), eager, steps, eager)
+    _set_error(row, err, "FP32 eager")
+    return row
+
+
 def run_stock(model: str, module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
-              eager: list[torch.Tensor]) -> Row:
+              eager: list[torch.Tensor], test: Inputs) -> Row:
     from codec_tosa import arm_adapter
 
     spec = arm_adapter.tosa_compile_spec(STOCK_TOSA)
@@ -294,15 +328,15 @@ def run_stock(model: str, module: torch.nn.Module, inputs: Inputs, calibration: 
     row = payload_row(model, STOCK, STOCK_TOSA, low.edge)
     row.quantize_s, row.lowering_s, row.serialisation_s = quantize_s, low.lowering_s, low.serialisation_s
     with torch.no_grad():
-        quantized = as_list(converted(*inputs))
+        quantized = as_list(converted(*test))
     steps = fallback_steps(quantized, dequantize_scales(converted))
-    err = compare(run_on_reference_model(low.edge, inputs), quantized, steps, eager)
+    err = compare(run_on_reference_model(low.edge, test), quantized, steps, eager)
     _set_error(row, err, "PT2E converted module")
     return row
 
 
 def run_ours(model: str, placement: str, module: torch.nn.Module, inputs: Inputs,
-             calibration: Sequence[Inputs], eager: list[torch.Tensor]) -> Row:
+             calibration: Sequence[Inputs], eager: list[torch.Tensor], test: Inputs) -> Row:
     from codec_tosa.partitioner import CodecTosaPartitioner
     from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
@@ -314,9 +348,9 @@ def run_ours(model: str, placement: str, module: torch.nn.Module, inputs: Inputs
     row = payload_row(model, placement, spec.tosa_spec, low.edge)
     row.lowering_s, row.serialisation_s = low.lowering_s, low.serialisation_s
     row.modeled_traffic_bytes = modeled_traffic(part)
-    simulated = as_list(simulate(part.planned, inputs))
+    simulated = as_list(simulate(part.planned, test))
     steps = part.planned.output_steps(fp32_steps(eager))
-    err = compare(run_on_reference_model(low.edge, inputs), simulated, steps, eager)
+    err = compare(run_on_reference_model(low.edge, test), simulated, steps, eager)
     _set_error(row, err, "simulate()")
     return row
 
@@ -337,21 +371,27 @@ def set_ratios(rows: list[Row]) -> None:
         r.total_ratio = (r.quantize_s + r.lowering_s) / (s.quantize_s + s.lowering_s)
 
 
-def bench_model(model: str, log: Callable[[str], None] = print,
+def bench_model(model: str, placements: Sequence[str] = DEFAULT_PLACEMENTS,
+                log: Callable[[str], None] = print,
                 on_row: Callable[[list[Row]], None] | None = None) -> list[Row]:
-    """Stock, then local, nonlocal and nonlocal+coalesce, for one model.
+    """Stock FP, stock INT8, then ours at each placement, for one model.
 
     `on_row` is called with the rows so far after each configuration (partial results).
     """
     module, inputs = load(model)
     calibration = calibration_set(inputs)
+    test = held_out(inputs)
     with torch.no_grad():
-        eager = as_list(module(*inputs))
+        eager = as_list(module(*test))
     rows: list[Row] = []
-    for config in (STOCK,) + PLACEMENTS:
+    for config in (STOCK_FP, STOCK, *placements):
         t = time.perf_counter()
-        row = (run_stock(model, module, inputs, calibration, eager) if config == STOCK
-               else run_ours(model, config, module, inputs, calibration, eager))
+        if config == STOCK_FP:
+            row = run_stock_fp(model, module, inputs, test, eager)
+        elif config == STOCK:
+            row = run_stock(model, module, inputs, calibration, eager, test)
+        else:
+            row = run_ours(model, config, module, inputs, calibration, eager, test)
         rows.append(row)
         log(f"[{model} {config}] done in {time.perf_counter() - t:.1f} s: "
             f"lowering {row.lowering_s:.1f} s, traffic {row.traffic_bytes / MIB:.2f} MiB, "
@@ -368,22 +408,24 @@ def warm_up(model: str) -> None:
     calibration = calibration_set(inputs)
     with torch.no_grad():
         eager = as_list(module(*inputs))
-    run_stock(model, module, inputs, calibration, eager)
-    run_ours(model, PLACEMENTS[-1], module, inputs, calibration, eager)
+    run_stock_fp(model, module, inputs, inputs, eager)
+    run_stock(model, module, inputs, calibration, eager, inputs)
+    run_ours(model, DEFAULT_PLACEMENTS[-1], module, inputs, calibration, eager, inputs)
 
 
 # --------------------------------------------------------------------------- output
 
-MIB = float(1 << 20)
-HEADER = ("model", "config", "TOSA ops", "RESCALE", "traffic MiB", "payload KiB",
-          "lowering s", "vs stock", "quant+lower vs stock", "error (steps)", "SQNR dB")
+HEADER = ("model", "config", "TOSA ops", "non-const ops", "RESCALE", "traffic MiB", "fused MiB",
+          "payload KiB", "lowering s", "vs stock INT8", "quant+lower vs stock INT8", "error (steps)",
+          "SQNR dB")
 
 
 def table_lines(rows: Sequence[Row]) -> list[str]:
     """A Markdown table of the rows."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
     for r in rows:
-        cells = (r.model, r.config, str(r.operators), str(r.rescales), f"{r.traffic_bytes / MIB:.2f}",
+        cells = (r.model, r.config, str(r.operators), str(r.nonconst_operators), str(r.rescales),
+                 f"{r.traffic_bytes / MIB:.2f}", f"{r.fused_traffic_bytes / MIB:.2f}",
                  f"{r.payload_bytes / 1024:.0f}", f"{r.lowering_s:.1f}", f"{r.lowering_ratio:.2f}x",
                  f"{r.total_ratio:.2f}x", f"{r.err_steps:.2f}", f"{r.sqnr_db:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -419,6 +461,7 @@ def write_json(rows: Sequence[Row], path: Path, argv: Sequence[str]) -> None:
 
     doc = {"command": shlex.join(argv), "policy": POLICY, "stock_tosa": STOCK_TOSA,
            "calibration": f"example input + {CALIBRATION_RANDOM} seeded random inputs",
+           "measured_on": f"a held-out seeded random input (seed {HELD_OUT_SEED})",
            "versions": {p: version(p) for p in ("codec_tosa", "torch", "executorch", "torchao")},
            "rows": [asdict(r) for r in rows]}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -429,6 +472,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                    help="built-in model names or path/to/file.py:function (default: %(default)s)")
+    p.add_argument("--placements", nargs="+", default=list(DEFAULT_PLACEMENTS),
+                   help="placements of ours at policy W (default: %(default)s)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="output JSON (default: %(default)s)")
     p.add_argument("--warmup", default=WARMUP_MODEL,
                    help="model lowered once (stock and ours, not reported) before timing, so "
@@ -446,7 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = ["python", "benchmarks/lowering.py", *argv]
     for model in args.models:
         done = list(rows)
-        rows = done + bench_model(model, log=lambda s: print(s, file=sys.stderr, flush=True),
+        rows = done + bench_model(model, args.placements,
+                                  log=lambda s: print(s, file=sys.stderr, flush=True),
                                   on_row=lambda partial: write_json(done + partial, args.json, command))
     print("\n".join(table_lines(rows) + traffic_lines(rows)))
     return 0

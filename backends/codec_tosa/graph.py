@@ -233,13 +233,20 @@ class PortGraph:
 
 
 def has_empty_tensor(node: torch.fx.Node) -> bool:
-    """True when `node` reads or produces a tensor with no elements (a zero-size dim)."""
-    def empty(n: Any) -> bool:
-        vals = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-        vals = vals if isinstance(vals, (list, tuple)) else [vals]
-        return any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals)
+    """True when `node` reads or produces a tensor with no elements (a zero-size dim).
 
-    return empty(node) or any(empty(a) for a in node.all_input_nodes)
+    Of a multi-output node only the results something reads count: an
+    inference batch norm's saved mean and variance are empty and unused."""
+    def empty(v: Any) -> bool:
+        return isinstance(v, torch.Tensor) and v.numel() == 0
+
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        read = {u.args[1] for u in node.users if u.target is operator.getitem}
+        produces_empty = any(empty(v) for i, v in enumerate(val) if i in read)
+    else:
+        produces_empty = empty(val)
+    return produces_empty or any(empty(a.meta.get("val")) for a in node.all_input_nodes)
 
 
 def program_constants(ep: Any) -> list[str]:

@@ -44,7 +44,11 @@ class CodecTosaPartitioner(Partitioner):
     # tensors (by their fully qualified names) for calibration.
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         out = self._arm.transform_for_pre_decomposition(exported_program)
-        fold_batch_norms(out)  # as the analysis does: conv+BN is one compressible operator
+        if not self.codec_spec.reference:
+            # conv+BN must be one compressible operator for the plan (as the
+            # analysis folds it); the reference policy has no plan, so Arm
+            # lowers its batch norms itself and the bytes are stock
+            fold_batch_norms(out)
         self._real_state.update(out.state_dict)
         return out
 

@@ -6,24 +6,28 @@ from __future__ import annotations
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
+import pytest
+
+import small_models
 from codec_tosa import arm_adapter
-from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.validate import delegate_payload
+from codec_tosa.runtime.pte import delegates, delegate_payload
 from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.compiler import lower_program
 
 from small_models import conv_cat_reshape
 
 
-def test_policy_z_without_pooling_is_stock_arm():
-    m, x = conv_cat_reshape()
+@pytest.mark.parametrize("model", ["conv_cat_reshape", "conv_bn_relu6", "depthwise", "linear_head",
+                                   "attention"])
+def test_policy_z_without_pooling_is_stock_arm(model):
+    m, x = getattr(small_models, model)()
     spec = CodecSpec(policy="Z", pool_constants=False)
-    ours = delegate_payload(lower_program(torch.export.export(m, x), spec, [x]).pte)
+    ours = [d.payload for d in delegates(lower_program(torch.export.export(m, x), spec, [x]).pte)]
 
     stock_part = arm_adapter.stock_partitioner(arm_adapter.tosa_compile_spec(spec.tosa_spec))
     edge = to_edge_transform_and_lower(torch.export.export(m, x), partitioner=[stock_part])
-    from executorch.exir._serialize._program import _extract_delegate_payload
-
-    stock = bytes(_extract_delegate_payload(edge.to_executorch().buffer, "TOSABackend"))
+    stock = [d.payload for d in delegates(edge.to_executorch().buffer)]
+    assert len(ours) == len(stock) >= 1
     assert ours == stock
 
 

@@ -34,3 +34,87 @@ def conv_cat_reshape(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
 def calibration(example: tuple[torch.Tensor, ...], n: int = 3) -> list[tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(1)
     return [example] + [tuple(torch.randn(t.shape, generator=g) for t in example) for _ in range(n)]
+
+
+class ConvBnRelu6(nn.Module):
+    """conv -> batch norm -> ReLU6, twice (inference batch norms with non-trivial statistics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
+                                  nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Depthwise(nn.Module):
+    """MobileNet-style: pointwise expand, depthwise 3x3, pointwise project, residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6())
+        self.depthwise = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(self.depthwise(self.expand(x)))
+
+
+class LinearHead(nn.Module):
+    """linear -> GELU -> linear on a token sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """One self-attention block: q/k/v projections, softmax(q k^T / sqrt(d)) v, output projection."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        return self.out((scores @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def _with_statistics(model: nn.Module, seed: int) -> nn.Module:
+    """Batch norms with random running statistics and affine parameters, so that a
+    folding that differs from Arm's changes bytes (the defaults fold to identity)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model.eval()
+
+
+def conv_bn_relu6(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return _with_statistics(ConvBnRelu6(), seed), (torch.randn(1, 3, 8, 8),)
+
+
+def depthwise(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return _with_statistics(Depthwise(), seed), (torch.randn(1, 8, 8, 8),)
+
+
+def linear_head(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return LinearHead().eval(), (torch.randn(1, 6, 16),)
+
+
+def attention(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return Attention().eval(), (torch.randn(1, 6, 16),)

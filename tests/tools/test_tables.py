@@ -100,7 +100,7 @@ def test_unknown_model_is_a_clear_error_before_any_work(
 
     monkeypatch.setattr(tables, "export_for_analysis", no_export)
     argv = ["tables", "--models", "tiny_shufflenet,nosuchnet", "--out", str(tmp_path), "--no-progress"]
-    assert tables.main(argv) == 2
+    assert cli.main(argv) == 2
     assert "unknown model 'nosuchnet'" in capsys.readouterr().err
     assert not (tmp_path / "paper_tables.md").exists()
 
