@@ -138,14 +138,11 @@ def _real_copy(ep: ExportedProgram, real_state: dict[str, torch.Tensor]) -> Expo
 
 
 def simulate(program: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the plan in PyTorch: the materialised program (q/dq = fake quantisation) in eager."""
-    from codec_tosa.codecs.calibration import lifted_args
-    from codec_tosa.placement.materialize import materialize
+    """Run the plan in PyTorch with the integer arithmetic of Arm's INT8 lowering
+    (`codec_tosa.simulation`)."""
+    from codec_tosa.simulation import simulate as simulate_plan
 
-    sim = materialize(_real_copy(program, {}))
-    with torch.no_grad():
-        out = torch.fx.Interpreter(sim.graph_module).run(*lifted_args(sim, inputs))
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return simulate_plan(program, inputs)
 
 
 def plan_json(graph: PortGraph, result: Placement, thetas: dict[int, Theta]) -> dict[str, Any]:
