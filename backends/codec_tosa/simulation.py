@@ -1,21 +1,319 @@
-"""The PyTorch simulation of a plan: what the artefact must compute (docs/DESIGN.md, "Validation")."""
+"""Simulate a codec plan in PyTorch with the integer arithmetic of Arm's INT8 lowering.
+
+`simulate` runs the materialised program (`_passes/materialize_codecs`) in eager,
+but not as plain fake quantisation: wherever Arm's TOSA lowering computes on
+codes, so does the simulation, so that it reproduces the artefact bit for
+bit instead of drifting by a few quantisation steps on deep models
+(docs/DESIGN.md, "Validation"):
+
+* a compute operator whose operands are all read through dequantize nodes
+  and whose result is read only by a quantize (conv, incl. depthwise;
+  linear, lowered by Arm as a 1x1 CONV2D; mm/bmm, lowered as MATMUL) is
+  evaluated on the codes: ``sum((x - zp_x) * (w - zp_w))`` accumulated
+  exactly (float64 of integers below 2**53, then rounded), plus the int32
+  bias codes, then RESCALEd to the output codes with the per-channel scale
+  ``(s_x * s_w[c]) / s_out`` in the order Arm's RewriteConvPass and
+  RewriteMatmulPass compute it;
+* a ``dequantize(theta_s) -> quantize(theta_d)`` pair (a transcode) is one
+  int8 -> int8 RESCALE with scale ``s_s / s_d``, as Arm's InsertRescalePass
+  builds it;
+* a mean reading a dequantize is evaluated as Arm's DecomposeMeanDimPass
+  lowers it: the sum over the reduced dimensions is re-quantised at the
+  input's parameters (scale times the element count N, same zero point),
+  then multiplied by 1/N. The plan asks for an FP32 mean of the decoded
+  value; Arm adds this codec, and the artefact has it;
+* everything else is left to the eager operators: the codecs themselves
+  (quantized_decomposed encode and decode, which the lowering reproduces),
+  the FP32 operators, and the operators that move codes without arithmetic
+  (layout, cat, pad, max pool, nearest upsampling), whose fake-quantised
+  evaluation already gives back exactly the codes they move.
+
+The RESCALE arithmetic is in `codec_tosa.rescale`.
+
+Encodes round half to even (quantized_decomposed, the plan's semantics, and
+what `_passes/lower_codecs` lowers them to). ``ties="away"`` rounds them half
+away from zero instead, as Arm's generic quantize decomposition
+(FLOOR(x+0.5) / CEIL(x-0.5)) would: sums and products of decoded codes land
+exactly on ties often enough that this alone moves deep outputs by a step or
+two, so a test can tell rounding ties from arithmetic errors.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
-
+import torch.fx
 from codec_tosa.calibration import lifted_args
+from codec_tosa.graph import target_key
 from codec_tosa.planning import PlannedProgram
+from codec_tosa.rescale import rescale
+
+_Q = "quantized_decomposed.quantize_per_tensor.default"
+_DQ = "quantized_decomposed.dequantize_per_tensor.default"
+_DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+_CONV = "aten.convolution.default"
+_LINEAR = "aten.linear.default"
+_MATMULS = ("aten.mm.default", "aten.bmm.default")
+_INTEGER_COMPUTE = (_CONV, _LINEAR, *_MATMULS)
+_MEANS = ("aten.mean.dim", "aten.mean.default")
+_INT8 = torch.int8
+
+
+@dataclass(frozen=True)
+class _Codes:
+    """What a dequantize node read: integer codes and the parameters that decode them."""
+
+    codes: torch.Tensor
+    scales: tuple[float, ...]  # one (per tensor) or one per index of `axis`
+    zero_points: tuple[int, ...]
+    axis: int | None
+    qmin: int
+    qmax: int
+    dtype: torch.dtype
+
+    def centred(self) -> torch.Tensor:
+        """``codes - zero_point`` in float64 (exact for 8- and 32-bit codes)."""
+        c = self.codes.to(torch.float64)
+        if len(self.zero_points) == 1:
+            return c - self.zero_points[0]
+        shape = [1] * c.dim()
+        shape[self.axis] = len(self.zero_points)  # type: ignore[index]
+        return c - torch.tensor(self.zero_points, dtype=torch.float64).reshape(shape)
+
+
+@dataclass(frozen=True)
+class _Accumulator:
+    """The int32 result of an INT8 compute operator, before its output RESCALE."""
+
+    values: torch.Tensor  # int64 holding the exact accumulator
+    in_scale: float
+    weight_scales: tuple[float, ...]
+    channel_axis: int
+
+
+@dataclass
+class SimulationStats:
+    """Which operators the simulation evaluated on codes, and which it could not."""
+
+    integer_ops: list[str] = field(default_factory=list)
+    transcodes: list[str] = field(default_factory=list)
+    requantised_means: list[str] = field(default_factory=list)  # Arm's codec on a mean's sum
+    float_fallbacks: list[str] = field(default_factory=list)  # INT8 in the artefact, float here
+
+
+class IntegerSimulator(torch.fx.Interpreter):
+    """Runs a materialised program; see the module docstring for what runs on codes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, ties: str = "even") -> None:
+        super().__init__(gm)
+        if ties not in ("even", "away"):
+            raise ValueError(f"ties must be 'even' or 'away', got {ties!r}")
+        self.ties = ties
+        self.codes: dict[torch.fx.Node, _Codes] = {}
+        self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
+        self.stats = SimulationStats()
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        key = target_key(n.target) if n.op == "call_function" else ""
+        if key in (_DQ, _DQ_CHANNEL):
+            return self._dequantize(n, key)
+        if key == _Q:
+            out = self._quantize_on_codes(n)
+            if out is not None:
+                return out
+            if self.ties == "away":
+                return _encode_ties_away(*_args(n, self))
+        elif key in _MEANS:
+            out = self._mean_of_decoded(n)
+            if out is not None:
+                return out
+        elif key in _INTEGER_COMPUTE:
+            acc = self._accumulate(n, key)
+            if acc is not None:
+                self.accumulators[n] = acc
+                # only the quantize below reads it (checked); it never sees this value
+                return acc.values
+            if self._lowered_int8(n):
+                self.stats.float_fallbacks.append(n.name)
+        return super().run_node(n)
+
+    # ---- codecs ------------------------------------------------------------
+    def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor:
+        out = super().run_node(n)  # the decode: quantized_decomposed semantics
+        codes = self.env[n.args[0]] if isinstance(n.args[0], torch.fx.Node) else n.args[0]
+        if key == _DQ:
+            _, scale, zp, qmin, qmax, dtype = _args(n, self)
+            self.codes[n] = _Codes(codes, (float(scale),), (int(zp),), None, int(qmin), int(qmax), dtype)
+        else:
+            _, scales, zps, axis, qmin, qmax, dtype = _args(n, self)
+            self.codes[n] = _Codes(codes, tuple(float(s) for s in scales.tolist()),
+                                   tuple(int(z) for z in zps.tolist()), int(axis), int(qmin), int(qmax),
+                                   dtype)
+        return out
+
+    def _quantize_on_codes(self, n: torch.fx.Node) -> torch.Tensor | None:
+        """The RESCALE Arm emits for this quantize, or None when it is an encode."""
+        src = n.args[0]
+        _, scale, zp, _, _, dtype = _args(n, self)
+        if dtype != _INT8 or not isinstance(src, torch.fx.Node):
+            return None
+        if src in self.accumulators:
+            acc = self.accumulators.pop(src)
+            # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double)
+            scales = [(acc.in_scale * w) / float(scale) for w in acc.weight_scales]
+            return rescale(acc.values, scales, 0, int(zp), _INT8, acc.channel_axis)
+        held = self.codes.get(src)
+        if held is not None and held.axis is None and held.dtype == _INT8:
+            self.stats.transcodes.append(n.name)
+            # Arm's InsertRescalePass: one scale dq.scale / q.scale, both zero points
+            return rescale(held.codes, [held.scales[0] / float(scale)], held.zero_points[0], int(zp), _INT8)
+        return None
+
+    def _mean_of_decoded(self, n: torch.fx.Node) -> torch.Tensor | None:
+        """A mean whose input is a per-tensor dequantize, as Arm decomposes it."""
+        src = n.args[0]
+        held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
+        if held is None or held.axis is not None:
+            return None
+        x = self.env[src]
+        args = _args(n, self)
+        dims = args[1] if len(args) > 1 and args[1] is not None else list(range(x.dim()))
+        keepdim = bool(args[2]) if len(args) > 2 else False
+        # Arm drops reduced dimensions of size 1 and sums the others one at a time
+        dims = [d % x.dim() for d in dims]
+        reduced = [d for d in dims if x.shape[d] != 1]
+        count = 1
+        for d in reduced:
+            count *= x.shape[d]
+        total = x
+        for d in reduced:
+            total = _sequential_sum(total, d)
+        if reduced:
+            sum_scale = held.scales[0] * count  # Python float, as Arm computes it
+            theta = (sum_scale, held.zero_points[0], held.qmin, held.qmax, held.dtype)
+            total = _fake_quantize(total, theta, self.ties)
+            total = total * (1 / count)
+            self.stats.requantised_means.append(n.name)
+        out_shape = [s if d not in dims else 1 for d, s in enumerate(x.shape)] if keepdim else \
+            [s for d, s in enumerate(x.shape) if d not in dims]
+        return total.reshape(out_shape)
+
+    # ---- INT8 compute operators ----------------------------------------------
+    def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
+        if not n.users or not all(_is_int8_quantize(u) for u in n.users):
+            return None
+        operands = _tensor_operands(n, key)
+        held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
+        if any(h is None for h in held):
+            return None
+        x, w = held[0], held[1]
+        bias = held[2] if len(held) > 2 else None
+        assert x is not None and w is not None
+        if x.axis is not None or x.dtype != _INT8 or w.dtype != _INT8:
+            return None
+        if key in _MATMULS and w.axis is not None:
+            return None  # Arm's MATMUL rescale reads per-tensor scales only
+        if w.axis not in (None, 0):
+            return None  # per output channel is axis 0 of a conv / linear weight
+        args = _args(n, self)
+        xs, ws = x.centred(), w.centred()
+        if key == _CONV:
+            _, _, _, stride, padding, dilation, transposed, out_pad, groups = args
+            if transposed:
+                return None
+            acc = torch.ops.aten.convolution.default(xs, ws, None, stride, padding, dilation,
+                                                     transposed, out_pad, groups)
+            axis = 1
+        elif key == _LINEAR:
+            acc = torch.nn.functional.linear(xs, ws)
+            axis = acc.dim() - 1
+        else:
+            acc = torch.matmul(xs, ws)
+            axis = acc.dim() - 1
+        # every partial sum is an integer below 2**53: float64 holds it exactly,
+        # whatever the summation order; rounding only removes representation noise
+        values = torch.round(acc).to(torch.int64)
+        if bias is not None:
+            shape = [1] * values.dim()
+            shape[axis] = -1
+            values = values + torch.round(bias.centred()).to(torch.int64).reshape(shape)
+        self.stats.integer_ops.append(n.name)
+        return _Accumulator(values, x.scales[0], w.scales, axis)
+
+    def _lowered_int8(self, n: torch.fx.Node) -> bool:
+        """Whether Arm lowers `n` on codes (a dequantize feeds it), though we could not."""
+        return any(isinstance(a, torch.fx.Node) and a in self.codes for a in n.all_input_nodes)
+
+
+def _fake_quantize(x: torch.Tensor, theta: tuple[Any, ...], ties: str) -> torch.Tensor:
+    """Encode then decode like the plan's own codecs, for a codec Arm inserts itself."""
+    q = (_encode_ties_away(x, *theta) if ties == "away"
+         else torch.ops.quantized_decomposed.quantize_per_tensor(x, *theta))
+    return torch.ops.quantized_decomposed.dequantize_per_tensor(q, *theta)
+
+
+def _encode_ties_away(x: torch.Tensor, scale: float, zp: int, qmin: int, qmax: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """quantize_per_tensor with ties rounded away from zero, in float32 like the
+    FP32 chain: y = x * (1/s); y >= 0 ? floor(y + 0.5) : ceil(y - 0.5)."""
+    y = x * (1.0 / scale)
+    r = torch.where(y >= 0, torch.floor(y + 0.5), torch.ceil(y - 0.5))
+    return torch.clamp(r + zp, qmin, qmax).to(dtype)
+
+
+def _sequential_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over `dim` (kept) in float32, element after element, as the TOSA
+    reference model's REDUCE_SUM accumulates. The order matters here: the sum
+    is re-quantised next, and sums of decoded codes often sit exactly on a
+    rounding tie, so one ulp decides the code (torch.sum, pairwise, or a
+    float64 sum flip codes on held-out inputs)."""
+    total = x.narrow(dim, 0, 1).clone()
+    for i in range(1, x.shape[dim]):
+        total = total + x.narrow(dim, i, 1)
+    return total
+
+
+def _args(n: torch.fx.Node, interp: torch.fx.Interpreter) -> tuple[Any, ...]:
+    args, kwargs = interp.fetch_args_kwargs_from_env(n)
+    if kwargs:
+        schema = getattr(n.target, "_schema", None)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        args = tuple(args) + tuple(kwargs[k] for k in names[len(args):] if k in kwargs)
+    return tuple(args)
+
+
+def _tensor_operands(n: torch.fx.Node, key: str) -> list[Any]:
+    """(activation, weight[, bias]) of a compute operator."""
+    if key == _CONV:
+        operands = list(n.args[:3])
+    elif key == _LINEAR:
+        operands = list(n.args[:3]) if len(n.args) > 2 else list(n.args[:2]) + [n.kwargs.get("bias")]
+    else:
+        operands = list(n.args[:2])
+    return [a for a in operands if a is not None]
+
+
+def _is_int8_quantize(n: torch.fx.Node) -> bool:
+    return (n.op == "call_function" and target_key(n.target) == _Q
+            and len(n.args) > 5 and n.args[5] == _INT8)
+
+
+def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor], ties: str = "even"
+                        ) -> tuple[list[torch.Tensor], SimulationStats]:
+    """`simulate`, and which operators it evaluated on codes; `ties`: see the module docstring."""
+    sim = planned.materialized()
+    runner = IntegerSimulator(sim.graph_module, ties)
+    with torch.no_grad():
+        out = runner.run(*lifted_args(sim, inputs))
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return outs, runner.stats
 
 
 def simulate(planned: PlannedProgram, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the plan in PyTorch: the materialised program (q/dq = fake quantisation) in eager."""
-    sim = planned.materialized()
-    with torch.no_grad():
-        out = torch.fx.Interpreter(sim.graph_module).run(*lifted_args(sim, inputs))
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    """The plan's outputs on `inputs`, computed as Arm's INT8 lowering computes them."""
+    return simulate_with_stats(planned, inputs)[0]
 
 
-__all__ = ["simulate"]
+__all__ = ["IntegerSimulator", "SimulationStats", "simulate", "simulate_with_stats"]

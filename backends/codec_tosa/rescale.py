@@ -1,0 +1,76 @@
+"""TOSA RESCALE in integer arithmetic, with the multiplier and shift Arm's lowering picks.
+
+Every INT8 result of Arm's lowering leaves its operator through a RESCALE:
+the int32 accumulator of CONV2D / DEPTHWISE_CONV2D / MATMUL, and the int8
+codes of a transcode (a ``dq_s -> q_d`` pair). To reproduce the artefact bit
+for bit, the simulation (`codec_tosa.simulation`) applies RESCALE as TOSA 1.0
+defines it, with the constants Arm serialises (see docs/DESIGN.md, "Simulation"):
+
+* the real scale is decomposed as ``scale = multiplier * 2**-shift`` with a
+  31-bit multiplier: the mantissa of ``frexp(scale)`` times 2**31, rounded
+  half to even (Python's ``round``), renormalised when it rounds up to 2**31,
+  and the shift capped at 62 (the multiplier loses low bits instead);
+* Arm always asks for ``SINGLE_ROUND`` with 32-bit multipliers for int8/int32
+  inputs: ``(v * multiplier + 2**(shift-1)) >> shift`` (an arithmetic shift,
+  so ties round half up, towards +inf);
+* the input zero point is subtracted before scaling, the output zero point is
+  added after it, and the sum saturates to the output type's range.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+_MULTIPLIER_BITS = 31  # scale32: the multiplier is a non-negative int32
+_MAX_SHIFT = 62
+
+
+def multiplier_and_shift(scale: float) -> tuple[int, int]:
+    """(multiplier, shift) with ``multiplier * 2**-shift ~= scale``, as Arm serialises them.
+
+    tests/test_simulation.py pins this against Arm's own function.
+    """
+    if not scale > 0.0 or not math.isfinite(scale):
+        raise ValueError(f"RESCALE needs a positive finite scale, got {scale}")
+    mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
+    one = 1 << _MULTIPLIER_BITS
+    multiplier = round(mantissa * one)  # exact product; ties to even, like Arm
+    if multiplier == one:  # the mantissa rounded up to 1.0
+        multiplier //= 2
+        exponent += 1
+    shift = _MULTIPLIER_BITS - exponent
+    if shift > _MAX_SHIFT:  # a tiny scale: keep the shift legal, drop multiplier bits
+        multiplier >>= min(_MULTIPLIER_BITS, shift - _MAX_SHIFT)
+        shift = _MAX_SHIFT
+    if shift < 2:
+        raise ValueError(f"RESCALE scale {scale} is too large for a 32-bit multiplier")
+    return multiplier, shift
+
+
+def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output_zp: int,
+            out_dtype: torch.dtype, channel_axis: int | None = None) -> torch.Tensor:
+    """TOSA RESCALE (SINGLE_ROUND, scale32) of integer `values` into `out_dtype` codes.
+
+    `scales` has one entry (per tensor) or one per index of `channel_axis`.
+    Works in int64: |value| < 2**32 and multiplier < 2**31 cannot overflow it.
+    """
+    v = values.to(torch.int64) - int(input_zp)
+    pairs = [multiplier_and_shift(float(s)) for s in scales]
+    mult = torch.tensor([m for m, _ in pairs], dtype=torch.int64)
+    shift = torch.tensor([s for _, s in pairs], dtype=torch.int64)
+    if len(pairs) > 1:
+        if channel_axis is None:
+            raise ValueError("per-channel RESCALE needs the channel axis")
+        shape = [1] * v.dim()
+        shape[channel_axis] = len(pairs)
+        mult, shift = mult.reshape(shape), shift.reshape(shape)
+    rounding = torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
+    scaled = torch.bitwise_right_shift(v * mult + rounding, shift)  # floor: ties go up
+    info = torch.iinfo(out_dtype)
+    return torch.clamp(scaled + int(output_zp), info.min, info.max).to(out_dtype)
+
+
+__all__ = ["multiplier_and_shift", "rescale"]
