@@ -139,3 +139,15 @@ def test_inputs_must_match_the_vgf_tensors(lowered_w, model):
         run_vgf(lowered_w.vgf[0], [x.astype(np.float64)])
     with pytest.raises(ValueError, match="takes 1 input"):
         run_vgf(lowered_w.vgf[0], [x, x])
+
+
+def test_a_delegate_the_converter_rejects_fails_lowering_in_one_line(model, monkeypatch):
+    from codec_tosa.vgf.target import VgfLowering
+
+    _, _, ep, calib = model
+    # our TOSA step hands VgfBackend a graph the converter rejects, as a policy could
+    monkeypatch.setattr(VgfLowering, "lower", lambda self, program, spec: _int48_abs())
+    with pytest.raises(ConversionError) as caught:
+        lower_program_to_vgf(ep, CodecSpec(policy="W"), calib)
+    assert caught.value.operator == "ABS" and "\n" not in str(caught.value)
+    assert str(caught.value).startswith("VgfBackend delegate: model-converter failed at TOSA operator ABS")

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ContextManager, Sequence
 
 import torch
 import tosa_serializer as ts
@@ -89,7 +89,7 @@ class VgfLowering:
         return payload
 
 
-def codec_vgf_lowering(spec: CodecSpec) -> tuple[VgfLowering, Any]:
+def codec_vgf_lowering(spec: CodecSpec) -> tuple[VgfLowering, ContextManager[None]]:
     """A recorder and the context to lower `CodecVgfPartitioner` delegates in."""
     recorder = VgfLowering(pool_constants=spec.pool_constants)
     return recorder, arm_adapter.tosa_lowering_inside_vgf(recorder.lower, str(model_converter()))
@@ -128,8 +128,10 @@ def lower_program_to_vgf(program: ExportedProgram, spec: CodecSpec,
 
 
 def _one_line(error: RuntimeError, recorder: VgfLowering) -> ConversionError:
-    n = len(recorder.delegates)
-    return conversion_error(f"VgfBackend delegate {n - 1}", str(error).split("Stderr:", 1)[-1], 1)
+    # the delegate being converted is the last one our TOSA step lowered
+    tag = recorder.delegates[-1].tag if recorder.delegates else ""
+    label = f"VgfBackend delegate {tag}".rstrip()
+    return conversion_error(label, str(error).split("Stderr:", 1)[-1], 1)
 
 
 def vgf_payloads(pte: bytes) -> list[bytes]:
