@@ -6,7 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-all demo fuzz clean
 
+# Debian packages the VGF target needs (lavapipe and the Vulkan loader)
+APT_PACKAGES := mesa-vulkan-drivers libvulkan1
+
 $(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing $$missing (VGF target)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "the VGF target needs Debian packages: $$missing (sudo apt-get install $$missing)"; \
+	  fi; \
+	fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .

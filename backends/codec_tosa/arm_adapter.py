@@ -331,3 +331,70 @@ def stock_int8_program(
     prepared = prepare_pt2e(graph, quantizer)
     prepared(*example_inputs)
     return torch.export.export(convert_pt2e(prepared), example_inputs)
+
+
+# --- VGF target (issue 15) ---------------------------------------------------
+# The stock VGF runtime finds its delegate by the id "VgfBackend", and
+# ExecuTorch's to_backend resolves an id to the direct BackendDetails subclass
+# of that class name, so a VGF delegate is always preprocessed by Arm's
+# VgfBackend. Its preprocess is TOSA lowering (TOSABackend._preprocess)
+# followed by model-converter (vgf_compile); we substitute the first step only,
+# so the payload is made by Arm's own conversion code (docs/DESIGN.md, VGF target).
+
+VGF_BACKEND_ID = "VgfBackend"
+
+
+def vgf_compile_spec_entries(tosa_spec: str) -> list[CompileSpec]:
+    """The compile-spec list Arm's VgfPartitioner would put in a delegate for `tosa_spec`.
+
+    The VGF runtime ignores compile specs (the payload is self-describing);
+    VgfBackend.preprocess needs them (output format "vgf", TOSA spec, and the
+    TOSA dev-mode flag VgfCompileSpec always sets in executorch 1.5.1).
+    """
+    from executorch.backends.arm.vgf import VgfCompileSpec
+
+    return list(VgfCompileSpec(tosa_spec)._to_list())
+
+
+@contextmanager
+def tosa_lowering_inside_vgf(
+    lower: Callable[[ExportedProgram, TosaCompileSpec], bytes],
+    model_converter: str | None = None,
+) -> Iterator[None]:
+    """While active, Arm's VgfBackend converts the TOSA that `lower` makes.
+
+    `lower(edge_program, tosa_compile_spec)` replaces `TOSABackend._preprocess`
+    as VgfBackend sees it: VgfBackend reaches TOSABackend through its module's
+    global name, which is what is swapped, so stock TOSABackend lowerings
+    elsewhere (and `lower_into`, which calls `_preprocess_module` directly)
+    are unaffected. VgfBackend also uses `filter_tosa_compile_specs` (kept);
+    any other attribute it starts using after an upgrade fails loudly here.
+
+    `model_converter` is exported as MODEL_CONVERTER_PATH for the duration
+    when Arm's lookup (that variable, then PATH) would not find one, e.g. when
+    the venv's python runs without the venv's bin/ on PATH.
+    """
+    import os
+
+    from executorch.backends.arm.vgf import backend as vgf_backend
+    from executorch.backends.arm.vgf.model_converter import find_model_converter_binary
+    from executorch.exir.backend.backend_details import PreprocessResult
+
+    def preprocess(edge_program: ExportedProgram, compile_spec: TosaCompileSpec) -> PreprocessResult:
+        return PreprocessResult(processed_bytes=lower(edge_program, compile_spec))
+
+    class TosaStep:
+        """What VgfBackend.preprocess uses of TOSABackend in executorch 1.5.1."""
+
+        filter_tosa_compile_specs = staticmethod(TOSABackend.filter_tosa_compile_specs)
+        _preprocess = staticmethod(preprocess)
+
+    set_path = model_converter is not None and find_model_converter_binary() is None
+    with _patched(vgf_backend, "TOSABackend", TosaStep):
+        if set_path:
+            os.environ["MODEL_CONVERTER_PATH"] = str(model_converter)
+        try:
+            yield
+        finally:
+            if set_path:
+                os.environ.pop("MODEL_CONVERTER_PATH", None)

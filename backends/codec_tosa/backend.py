@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import final
+from typing import Any, final
 
 import tosa_serializer as ts
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
@@ -13,12 +13,29 @@ from codec_tosa import arm_adapter
 from codec_tosa._passes.materialize_codecs import materialize
 from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_options
-from codec_tosa.serialization.pooled import PooledTosaSerializer
+from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.serialization.pooling_record import pooling_record
 
 
 # ExecuTorch finds backends by class name; the .pte names the delegate by it.
 BACKEND_ID = "CodecTosaBackend"
+
+
+def lower_to_tosa(edge_program: ExportedProgram, arm_spec: Any, pool_constants: bool
+                  ) -> tuple[bytes, PoolingStats | None]:
+    """Our TOSA lowering of one partition: materialise its plan, run Arm's pipeline
+    with our codec lowering inside, serialise (pooling helper constants).
+
+    Returns the flatbuffer and what pooling saved (None when pooling is off).
+    Shared by `CodecTosaBackend` and the VGF target (docs/DESIGN.md, "The flow").
+    """
+    planned = has_plan(edge_program.graph_module)
+    if planned:
+        edge_program = materialize(edge_program)
+    serializer = arm_adapter.new_serializer(
+        arm_spec, PooledTosaSerializer if pool_constants else ts.TosaSerializer)
+    payload = arm_adapter.lower_into(edge_program, arm_spec, serializer, lower_codecs=planned)
+    return payload, (serializer.stats if pool_constants else None)
 
 
 @final
@@ -33,19 +50,13 @@ class CodecTosaBackend(BackendDetails):
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         arm_spec = arm_adapter.compile_spec_from_list(compile_specs)
         pool = bool(read_options(compile_specs).get("pool_constants", True))
-        planned = has_plan(edge_program.graph_module)
-        if planned:
-            edge_program = materialize(edge_program)
-        serializer = arm_adapter.new_serializer(
-            arm_spec, PooledTosaSerializer if pool else ts.TosaSerializer)
-        payload = arm_adapter.lower_into(edge_program, arm_spec, serializer, lower_codecs=planned)
-        if not pool:
+        payload, pooling = lower_to_tosa(edge_program, arm_spec, pool)
+        if pooling is None:
             return PreprocessResult(processed_bytes=payload)
         # what pooling saved travels in the .pte as named data (`codec-tosa report`)
-        return PreprocessResult(processed_bytes=payload,
-                                data_store_output=pooling_record(serializer.stats, payload))
+        return PreprocessResult(processed_bytes=payload, data_store_output=pooling_record(pooling, payload))
 
 
 assert CodecTosaBackend.__name__ == BACKEND_ID
 
-__all__ = ["BACKEND_ID", "CodecTosaBackend"]
+__all__ = ["BACKEND_ID", "CodecTosaBackend", "lower_to_tosa"]

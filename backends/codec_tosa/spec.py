@@ -10,6 +10,10 @@ from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.placement.domains import COALESCE, check_placement
 
+# Where the delegate runs: a TOSA flatbuffer run by CodecTosaBackend, or a VGF
+# file run by Arm's VgfBackend (ML SDK for Vulkan).
+TARGETS = ("tosa", "vgf")
+
 INT_FP = "TOSA-1.0+INT+FP"
 FP_ONLY = "TOSA-1.0+FP"
 

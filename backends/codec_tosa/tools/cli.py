@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 from codec_tosa.commutation.policy import DEFAULT_ORDER
 from codec_tosa.placement.domains import PLACEMENTS
+from codec_tosa.spec import TARGETS
 from codec_tosa.units import MIB
 
 DEFAULT_MODEL = "tiny_shufflenet"
@@ -86,9 +87,10 @@ def _spec(args: argparse.Namespace):
 def cmd_compile(args: argparse.Namespace) -> int:
     from codec_tosa.tools.compiler import compile_model
 
-    result = compile_model(args.model, _spec(args), args.out)
+    result = compile_model(args.model, _spec(args), args.out, target=args.target)
+    extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
-          f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}")
+          f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}{extra}")
     return 0
 
 
@@ -129,7 +131,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="codec-tosa-demo-"))
     print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
     cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
-                                   tosa=None, fused_transcode=False, no_pool=False, table=None, out=out))
+                                   tosa=None, fused_transcode=False, no_pool=False, table=None, out=out,
+                                   target="tosa"))
     print(f"\n== codec-tosa validate {out / 'model.pte'}")
     status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None))
     print(f"\n== codec-tosa report {out / 'model.pte'}")
@@ -169,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--symmetric-activations", action="store_true",
                    help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
     c.add_argument("--table", help="a user commutation table (JSON)")
+    c.add_argument("--target", choices=TARGETS, default="tosa",
+                   help="tosa: a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's VgfBackend "
+                        "delegate (ML SDK for Vulkan), with model.vgf and model.tosa beside the .pte")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 

@@ -6,7 +6,7 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +19,7 @@ from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.simulation import simulate
-from codec_tosa.spec import CodecSpec
+from codec_tosa.spec import TARGETS, CodecSpec
 from codec_tosa.tools.loading import load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.units import MIB
@@ -33,6 +33,7 @@ REFERENCE_IO = "reference_io.npz"
 class CompileResult:
     out_dir: Path
     report: dict[str, Any]
+    files: tuple[str, ...] = ()  # written beside the .pte besides report.json and reference_io.npz
 
     @property
     def pte(self) -> Path:
@@ -45,12 +46,22 @@ class Lowered:
     planned: PlannedProgram | None  # None when nothing was planned (no partition)
     lowering_s: float
     serialisation_s: float
+    files: dict[str, bytes] = field(default_factory=dict)  # written beside the .pte (model.vgf, ...)
+    report: dict[str, Any] = field(default_factory=dict)  # target-specific figures for report.json
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
-                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
-    """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`."""
+                  calibration: Sequence[Sequence[torch.Tensor]] | None, target: str = "tosa") -> Lowered:
+    """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`.
+
+    `target="vgf"` delegates to Arm's VgfBackend instead (our plan and TOSA
+    lowering, Arm's model-converter) and keeps each delegate's VGF and TOSA."""
     from executorch.exir import to_edge_transform_and_lower
+
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+    if target == "vgf":
+        return _lower_to_vgf(program, spec, calibration)
 
     from codec_tosa.partitioner import CodecTosaPartitioner
 
@@ -63,8 +74,26 @@ def lower_program(program: ExportedProgram, spec: CodecSpec,
     return Lowered(pte, part.planned, lowering, time.perf_counter() - t)
 
 
+def _lower_to_vgf(program: ExportedProgram, spec: CodecSpec,
+                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    from codec_tosa.serialization.tosa_stats import tosa_stats
+    from codec_tosa.vgf.target import lower_program_to_vgf
+
+    low = lower_program_to_vgf(program, spec, calibration)
+    files: dict[str, bytes] = {}
+    for i, (vgf, record) in enumerate(zip(low.vgf, low.delegates)):
+        suffix = "" if i == 0 else f"_{i}"  # several delegates: model.vgf, model_1.vgf, ...
+        files[f"model{suffix}.vgf"], files[f"model{suffix}.tosa"] = vgf, record.tosa
+    # the .pte holds only the VGF; the TOSA that was converted is described here
+    report = {"vgf": [{"tag": r.tag, "tosa_bytes": len(r.tosa), "vgf_bytes": len(v),
+                       "tosa_lowering_s": r.lowering_s, "pooling": r.pooling,
+                       "tosa": tosa_stats(r.tosa).to_dict()}
+                      for r, v in zip(low.delegates, low.vgf)]}
+    return Lowered(low.pte, low.partitioner.planned, low.lowering_s, low.serialisation_s, files, report)
+
+
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
-                  progress: bool = True) -> CompileResult:
+                  progress: bool = True, target: str = "tosa") -> CompileResult:
     """Export, partition (placement + calibration), lower and serialise; write the artefacts.
 
     Everything is written to a temporary directory first and moved into
@@ -82,7 +111,7 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
         steps.set_description("calibration + lowering + serialisation")
         calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
-        lowered = lower_program(loaded.program, spec, calib)
+        lowered = lower_program(loaded.program, spec, calib, target)
         pte, planned = lowered.pte, lowered.planned
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
         steps.update(2)
@@ -100,12 +129,14 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     report: dict[str, Any] = {
         "model": model,
         "spec": spec.to_json(),
-        "backend_id": BACKEND_ID,
+        "target": target,
+        "backend_id": BACKEND_ID if target == "tosa" else "VgfBackend",
         "pte_bytes": len(pte),
         "times": times,
     }
     # operators, constants, unfused and fused traffic of the delegates as serialised
     report["tosa"] = program_delegates(pte).summary()
+    report.update(lowered.report)
     if planned is not None:
         tr = planned.traffic()
         report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,
@@ -121,15 +152,17 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
     try:
         (tmp / PTE).write_bytes(pte)
+        for name, data in lowered.files.items():
+            (tmp / name).write_bytes(data)
         np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
                                                      sensitivity))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
-        for name in (PTE, REFERENCE_IO, REPORT):
+        for name in (PTE, REFERENCE_IO, REPORT, *lowered.files):
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return CompileResult(out, report)
+    return CompileResult(out, report, tuple(lowered.files))
 
 
 def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
