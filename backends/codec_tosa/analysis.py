@@ -100,7 +100,12 @@ class Analysis:
 # the paper's graphs show attention as one operator, and its commutation-table
 # row (INT8 from Y) only applies if the decomposition leaves it in place. The
 # lowering path does not use this table: Arm decomposes SDPA itself.
-KEPT_WHOLE: tuple[torch._ops.OpOverload, ...] = (torch.ops.aten.scaled_dot_product_attention.default,)
+# SiLU likewise: core ATen keeps GELU whole but decomposes SiLU into sigmoid
+# and mul, which would charge SmolLM2 for two operators where SigLIP has one.
+KEPT_WHOLE: tuple[torch._ops.OpOverload, ...] = (
+    torch.ops.aten.scaled_dot_product_attention.default,
+    torch.ops.aten.silu.default,
+)
 
 
 def analysis_decompositions() -> dict[Any, Any]:

@@ -151,9 +151,16 @@ def port_graph_of(ep: torch.export.ExportedProgram) -> Any:
 
 
 def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
-                  top: int = 10) -> ModelTables:
-    """Analyse one port graph at every policy and placement."""
-    from codec_tosa import analyze
+                  top: int = 10, accounting: str = "ours") -> ModelTables:
+    """Analyse one port graph at every policy and placement, under `accounting`
+    (accounting.py: `ours` is the backend's traffic model, `paper` the reproduction)."""
+    from codec_tosa import analyze as _analyze
+    from codec_tosa.accounting import ACCOUNTINGS, account
+
+    rules = ACCOUNTINGS[accounting]
+
+    def analyze(*args: Any, **kwargs: Any) -> Any:
+        return account(_analyze(*args, **kwargs), rules)
 
     result = ModelTables(spec, parameters, fused)
     # Eight analyses of one graph would repeat each warning (operators missing
@@ -175,7 +182,8 @@ def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
     return result
 
 
-def collect(specs: Sequence[str], top: int = 10, progress: bool = True) -> list[ModelTables]:
+def collect(specs: Sequence[str], top: int = 10, progress: bool = True,
+            accounting: str = "ours") -> list[ModelTables]:
     """Build, export and analyse each model once, with a progress bar over the steps."""
     from tqdm import tqdm
 
@@ -201,7 +209,7 @@ def collect(specs: Sequence[str], top: int = 10, progress: bool = True) -> list[
             bar.update()
             bar.set_description(f"{name}: analysis")
             t2 = time.perf_counter()
-            tables = analyse_model(spec, graph, parameters, fused, top)
+            tables = analyse_model(spec, graph, parameters, fused, top, accounting)
             t3 = time.perf_counter()
             tables.seconds = {"build": t1 - t0, "export": t2 - t1, "analysis": t3 - t2}
             results.append(tables)
@@ -409,6 +417,10 @@ def add_tables_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="directory for paper_tables.md, paper_tables.json and charts/ "
                         "(default: out/tables)")
     p.add_argument("--top", type=int, default=10, help="operators per model in the top list (default: 10)")
+    p.add_argument("--accounting", choices=("paper", "ours"), default="paper",
+                   help="paper: the reproduction of the published tables (views as metadata, in-place "
+                        "operators fused); ours: every operator moves what it reads and writes, the "
+                        "backend's traffic model (default: paper; see benchmarks/REPRODUCTION.md)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_tables)
@@ -423,18 +435,21 @@ def run_tables(args: argparse.Namespace) -> int:
         return 2
     start = time.perf_counter()
     try:
-        models = collect(specs, top=args.top, progress=not args.no_progress)
+        models = collect(specs, top=args.top, progress=not args.no_progress, accounting=args.accounting)
     except ValueError as e:  # unknown model names, bad model files
         print(f"codec-tosa tables: {e}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    markdown = render_markdown(models)
+    from codec_tosa.published import render_comparison
+
+    markdown = render_markdown(models) + "\n" + render_comparison(models, DISPLAY_NAMES, args.accounting)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_tables.md").write_text(markdown)
     payload = {
-        "command": "codec-tosa tables --models " + ",".join(specs),
+        "command": f"codec-tosa tables --accounting {args.accounting} --models " + ",".join(specs),
+        "accounting": args.accounting,
         "wall_seconds": wall,
         "peak_rss_mib": peak_mib,
         "torch": torch.__version__,
