@@ -73,6 +73,8 @@ HYPOTHESES = [
                rows=(Row("aten.add.Tensor", "X", ("self", "other", "out"), (("self", "other", "out"),)),)),
     Hypothesis("H10 add requantises at X", "H4 with add INT8 from X, trivial blocks like a compute op",
                accounting=PAPER, rows=(Row("aten.add.Tensor", "X", ("self", "other", "out"), ()),)),
+    Hypothesis("H12 H4 + split/chunk free", "H4 plus split/chunk as views",
+               accounting=_acc("h12", VIEWS | SPLITS, True)),
     Hypothesis("H11 transcode = one item", "H4, a transcode counts one codec item per element",
                accounting=PAPER, transcode_once=True),
 ]
