@@ -154,7 +154,8 @@ def test_smollm2_has_61_rms_norms_and_60_rotary_applications() -> None:
         assert torch.equal(ep.module()(*inputs), before)
 
     # The tables analyse the rewritten graph; its storage is the published one.
-    assert drop_dtype_asserts(ep) == 97
+    # the norms' casts; SDPA attention has no softmax cast (eager attention added 30)
+    assert drop_dtype_asserts(ep) == 67
     graph = port_graph_of(ep)
     assert round(analyze(graph, policy="Z").storage_mib, 1) == 405.1
     assert round(analyze(graph, policy="W").storage_mib, 1) == 101.4

@@ -171,6 +171,10 @@ def _default_rows() -> list[Row]:
         _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2"), int8_lowering=_ADDMM_INT8),
         _compute("aten.mm.default", ("self", "mat2"), ("self", "mat2")),
         _compute("aten.bmm.default", ("self", "mat2"), ("self", "mat2")),
+        # Attention as one operator (kept whole by the analysis export): an INT8
+        # kernel reads query, key and value as codes and requantises its output,
+        # like a matmul; the mask (if any) stays plain.
+        _compute("aten.scaled_dot_product_attention.default", ("query", "key", "value"), ()),
         _routing("aten.cat.default", "tensors"),
         _layout("aten.constant_pad_nd.default"),
         Row("aten.max_pool2d_with_indices.default", "W", ("self", "out.0"), (("self", "out.0"),)),
@@ -216,7 +220,6 @@ def _default_rows() -> list[Row]:
         "aten.scalar_tensor.default", "aten.zeros.default", "aten.ones.default",
         "aten.empty.memory_format", "aten.copy.default", "aten.lift_fresh_copy.default",
         "aten._assert_tensor_metadata.default", "dim_order_ops._to_dim_order_copy.default",
-        "aten.scaled_dot_product_attention.default",
         "aten._scaled_dot_product_flash_attention_for_cpu.default",
         # codec_tosa's standalone operators (standalone_ops.py)
         "codec_tosa.rms_norm.default", "codec_tosa.rope.default",

@@ -12,12 +12,11 @@ from typing import Any, Sequence
 
 import torch
 
-from codec_tosa.commutation.policy import DEFAULT_ORDER
 from codec_tosa.placement.domains import COALESCE, PLACEMENTS
-from codec_tosa.tools.tables.published import PUBLISHED_STORAGE
+from codec_tosa.tools.tables.published import PAPER_POLICIES, PUBLISHED_STORAGE
 from codec_tosa.units import MIB
 
-POLICIES: tuple[str, ...] = DEFAULT_ORDER
+POLICIES: tuple[str, ...] = PAPER_POLICIES
 DEFAULT_PLACEMENT = COALESCE
 FUSED = COALESCE + "+fused"
 
@@ -129,9 +128,16 @@ def port_graph_of(ep: torch.export.ExportedProgram) -> Any:
 
 
 def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
-                  top: int = 10) -> ModelTables:
-    """Analyse one port graph at every policy and placement."""
-    from codec_tosa import analyze
+                  top: int = 10, accounting: str = "ours") -> ModelTables:
+    """Analyse one port graph at every policy and placement, under `accounting`
+    (accounting.py: `ours` is the backend's traffic model, `paper` the reproduction)."""
+    from codec_tosa import analyze as _analyze
+    from codec_tosa.accounting import ACCOUNTINGS, account
+
+    rules = ACCOUNTINGS[accounting]
+
+    def analyze(*args: Any, **kwargs: Any) -> Any:
+        return account(_analyze(*args, **kwargs), rules)
 
     result = ModelTables(spec, parameters, fused)
     # Eight analyses of one graph would repeat each warning (operators missing
@@ -153,7 +159,8 @@ def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
     return result
 
 
-def collect(specs: Sequence[str], top: int = 10, progress: bool = True) -> list[ModelTables]:
+def collect(specs: Sequence[str], top: int = 10, progress: bool = True,
+            accounting: str = "ours") -> list[ModelTables]:
     """Build, export and analyse each model once, with a progress bar over the steps."""
     from tqdm import tqdm
 
@@ -179,7 +186,7 @@ def collect(specs: Sequence[str], top: int = 10, progress: bool = True) -> list[
             bar.update()
             bar.set_description(f"{name}: analysis")
             t2 = time.perf_counter()
-            tables = analyse_model(spec, graph, parameters, fused, top)
+            tables = analyse_model(spec, graph, parameters, fused, top, accounting)
             t3 = time.perf_counter()
             tables.seconds = {"build": t1 - t0, "export": t2 - t1, "analysis": t3 - t2}
             results.append(tables)

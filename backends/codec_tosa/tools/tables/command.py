@@ -28,7 +28,7 @@ import torch
 
 from codec_tosa.tools.tables.charts import write_charts
 from codec_tosa.tools.tables.collect import collect
-from codec_tosa.tools.tables.render import checks, render_markdown
+from codec_tosa.tools.tables.render import checks, render_comparison, render_markdown
 
 # Command line
 # ---------------------------------------------------------------------------
@@ -55,6 +55,10 @@ def add_tables_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="directory for paper_tables.md, paper_tables.json and charts/ "
                         "(default: out/tables)")
     p.add_argument("--top", type=int, default=10, help="operators per model in the top list (default: 10)")
+    p.add_argument("--accounting", choices=("paper", "ours"), default="paper",
+                   help="paper: the reproduction of the published tables (views as metadata, in-place "
+                        "operators fused); ours: every operator moves what it reads and writes, the "
+                        "backend's traffic model (default: paper; see benchmarks/REPRODUCTION.md)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_tables)
@@ -69,18 +73,19 @@ def run_tables(args: argparse.Namespace) -> int:
         return 2
     start = time.perf_counter()
     try:
-        models = collect(specs, top=args.top, progress=not args.no_progress)
+        models = collect(specs, top=args.top, progress=not args.no_progress, accounting=args.accounting)
     except ValueError as e:  # unknown model names, bad model files
         print(f"codec-tosa tables: {e}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    markdown = render_markdown(models)
+    markdown = render_markdown(models) + "\n" + render_comparison(models, args.accounting)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_tables.md").write_text(markdown)
     payload = {
-        "command": "codec-tosa tables --models " + ",".join(specs),
+        "command": f"codec-tosa tables --accounting {args.accounting} --models " + ",".join(specs),
+        "accounting": args.accounting,
         "wall_seconds": wall,
         "peak_rss_mib": peak_mib,
         "torch": torch.__version__,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from codec_tosa.tools.tables.collect import (
     DEFAULT_PLACEMENT, FUSED, PLACEMENTS, POLICIES, ModelTables, display_name, storage_matches,
 )
-from codec_tosa.tools.tables.published import PUBLISHED_STORAGE
+from codec_tosa.tools.tables.published import (
+    PAPER_PLACEMENTS, PAPER_POLICIES, PUBLISHED_ITEMS, PUBLISHED_PLACEMENT, PUBLISHED_STORAGE, PUBLISHED_TRAFFIC,
+)
 # Rendering
 # ---------------------------------------------------------------------------
 
@@ -111,3 +113,55 @@ def checks(models: Sequence[ModelTables]) -> list[str]:
             lines.append(f"{name}: analysed with {m.fused['rms_norm']} RMSNorm and "
                          f"{m.fused['rope']} RoPE standalone operators")
     return lines
+
+
+def difference(ours: float, published: float) -> float:
+    """Relative difference of ours to the published figure, in percent."""
+    return 100.0 * (ours - published) / published
+
+
+def _cell(ours: float, published: float | None, digits: int = 1) -> str:
+    # published figures have one decimal; ours keep `digits`
+    if published is None:
+        return f"{ours:.{digits}f}"
+    return f"{published:.1f} / {ours:.{digits}f} ({difference(ours, published):+.1f}%)"
+
+
+def comparison_rows(spec: str, policies: dict[str, dict[str, Any]],
+                    placements: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Cells 'published / ours (difference)' for Tables 2, 3, 4 and the ratios."""
+    traffic = PUBLISHED_TRAFFIC.get(spec)
+    items = PUBLISHED_ITEMS.get(spec)
+    place = PUBLISHED_PLACEMENT.get(spec)
+    t = [policies[p]["traffic_mib"] for p in PAPER_POLICIES]
+    i = [policies[p]["codec_items_m"] for p in PAPER_POLICIES[1:]]
+    pl = [placements[p]["traffic_mib"] for p in PAPER_PLACEMENTS]
+    rows = {
+        "traffic": [_cell(v, traffic[k] if traffic else None) for k, v in enumerate(t)],
+        "items": [_cell(v, items[k] if items else None, 2) for k, v in enumerate(i)],
+        "placement": [_cell(v, place[k] if place else None) for k, v in enumerate(pl)],
+    }
+    # The paper's two headline ratios: W against Z, and coalesce against local.
+    w_z, c_l = t[3] / t[0], pl[2] / pl[0]
+    rows["ratios"] = [
+        f"{traffic[3] / traffic[0]:.2f} / {w_z:.2f}" if traffic else f"{w_z:.2f}",
+        f"{place[2] / place[0]:.2f} / {c_l:.2f}" if place else f"{c_l:.2f}",
+    ]
+    return rows
+
+
+def render_comparison(models: Sequence[ModelTables], accounting: str) -> str:
+    """Markdown: Tables 2-4 and the ratios as 'published / ours (difference)'."""
+    rows = {m.spec: comparison_rows(m.spec, m.policies, m.placements) for m in models}
+    name = [display_name(m.spec) for m in models]
+    out = [f"### Published vs ours (accounting `{accounting}`): cells are published / ours (difference)", ""]
+    out += ["Table 2, traffic (MiB):", ""]
+    out += _table(["Model", *PAPER_POLICIES], ([n, *rows[m.spec]["traffic"]] for n, m in zip(name, models)))
+    out += ["", "Table 3, codec items (millions):", ""]
+    out += _table(["Model", *PAPER_POLICIES[1:]], ([n, *rows[m.spec]["items"]] for n, m in zip(name, models)))
+    out += ["", "Table 4, traffic (MiB) at W per placement:", ""]
+    out += _table(["Model", *PAPER_PLACEMENTS], ([n, *rows[m.spec]["placement"]] for n, m in zip(name, models)))
+    out += ["", "Ratios, published / ours:", ""]
+    out += _table(["Model", "W / Z traffic", "coalesce / local at W"],
+                 ([n, *rows[m.spec]["ratios"]] for n, m in zip(name, models)))
+    return "\n".join(out) + "\n"
