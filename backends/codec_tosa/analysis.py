@@ -97,7 +97,7 @@ class Analysis:
         return json.dumps(d, indent=1)
 
 
-# Fused operators the analysis keeps whole (docs/DESIGN.md, "standalone operators"):
+# Fused operators the analysis keeps whole (docs/DESIGN.md, "Standalone operators"):
 # the paper's graphs show attention as one operator, and its commutation-table
 # row (INT8 from Y) only applies if the decomposition leaves it in place. The
 # lowering path does not use this table: Arm decomposes SDPA itself.

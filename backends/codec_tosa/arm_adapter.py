@@ -339,7 +339,7 @@ def stock_int8_program(
 # of that class name, so a VGF delegate is always preprocessed by Arm's
 # VgfBackend. Its preprocess is TOSA lowering (TOSABackend._preprocess)
 # followed by model-converter (vgf_compile); we substitute the first step only,
-# so the payload is made by Arm's own conversion code (docs/DESIGN.md, VGF target).
+# so the payload is made by Arm's own conversion code (docs/DESIGN.md, "The VGF target").
 
 VGF_BACKEND_ID = "VgfBackend"
 

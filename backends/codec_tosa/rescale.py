@@ -4,7 +4,7 @@ Every INT8 result of Arm's lowering leaves its operator through a RESCALE:
 the int32 accumulator of CONV2D / DEPTHWISE_CONV2D / MATMUL, and the int8
 codes of a transcode (a ``dq_s -> q_d`` pair). To reproduce the artefact bit
 for bit, the simulation (`codec_tosa.simulation`) applies RESCALE as TOSA 1.0
-defines it, with the constants Arm serialises (see docs/DESIGN.md, "Simulation"):
+defines it, with the constants Arm serialises (see docs/DESIGN.md, "Validation"):
 
 * the real scale is decomposed as ``scale = multiplier * 2**-shift`` with a
   31-bit multiplier: the mantissa of ``frexp(scale)`` times 2**31, rounded

@@ -1,6 +1,6 @@
 """`codec-tosa report`: what the TOSA delegates of a .pte hold.
 
-Any TOSA delegate is described (docs/DESIGN.md, "report"): operators,
+Any TOSA delegate is described (docs/DESIGN.md, "Tools"): operators,
 constants, unfused and fused traffic per delegate, their sum when there are
 several, and codec_tosa's provenance, plan and pooling record where the
 delegate is ours.

@@ -1,6 +1,6 @@
 """The VGF target: TOSA -> VGF (ML SDK for Vulkan) and running VGFs on the emulation layer.
 
-See docs/DESIGN.md (VGF target). `convert` needs only the model-converter
+See docs/DESIGN.md, "The VGF target". `convert` needs only the model-converter
 wheel; `run_vgf` needs all four ML SDK wheels and, from apt, the Vulkan loader
 and lavapipe.
 """

@@ -1,4 +1,4 @@
-"""TOSA flatbuffer -> VGF through the ML SDK's model-converter (docs/DESIGN.md, VGF target)."""
+"""TOSA flatbuffer -> VGF through the ML SDK's model-converter (docs/DESIGN.md, "The VGF target")."""
 
 from __future__ import annotations
 

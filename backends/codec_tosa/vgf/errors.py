@@ -1,4 +1,4 @@
-"""Errors of the VGF target, each a one-line message saying what to do (docs/DESIGN.md, VGF target)."""
+"""Errors of the VGF target, each a one-line message saying what to do (docs/DESIGN.md, "The VGF target")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run a VGF on this machine: the ML emulation layers over lavapipe (docs/DESIGN.md, VGF target).
+"""Run a VGF on this machine: the ML emulation layers over lavapipe (docs/DESIGN.md, "The VGF target").
 
 `vgf_dump --scenario-template` describes the VGF's inputs and outputs; the
 template is filled in with .npy files and handed to scenario_runner in a

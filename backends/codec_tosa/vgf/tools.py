@@ -4,7 +4,7 @@ The four pip wheels ship their binaries inside their Python packages (the
 console scripts on PATH are Python wrappers around them), so they are located
 through the packages themselves: no PATH or environment variable is needed,
 and each missing piece is reported with the install line that provides it
-(docs/DESIGN.md, VGF target).
+(docs/DESIGN.md, "The VGF target").
 """
 
 from __future__ import annotations
