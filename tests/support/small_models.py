@@ -34,3 +34,20 @@ def conv_cat_reshape(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
 def calibration(example: tuple[torch.Tensor, ...], n: int = 3) -> list[tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(1)
     return [example] + [tuple(torch.randn(t.shape, generator=g) for t in example) for _ in range(n)]
+
+
+class ConvRelu6Conv(nn.Module):
+    """conv -> relu6 -> conv: policy V keeps the relu6 (CLAMP) on codes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.functional.relu6(self.a(x)))
+
+
+def conv_relu6_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvRelu6Conv().eval(), (torch.randn(1, 3, 8, 8),)

@@ -17,7 +17,8 @@ from codec_tosa.placement.domains import COALESCE, PLACEMENTS
 from codec_tosa.tools.tables.published import PUBLISHED_STORAGE
 from codec_tosa.units import MIB
 
-POLICIES: tuple[str, ...] = DEFAULT_ORDER
+# the paper's four policies; V and I (integer targets) are not in its tables
+POLICIES: tuple[str, ...] = DEFAULT_ORDER[:DEFAULT_ORDER.index("W") + 1]
 DEFAULT_PLACEMENT = COALESCE
 FUSED = COALESCE + "+fused"
 
