@@ -7,6 +7,8 @@ from dataclasses import dataclass
 # V and I are the integer-target policies (docs/DESIGN.md, "Policy"): V adds the
 # operators that commute exactly with an affine codec, I everything Arm lowers in INT8.
 DEFAULT_ORDER: tuple[str, ...] = ("Z", "Y", "X", "W", "V", "I")
+# The policy whose artefacts are all-integer TOSA (TOSA-1.0+INT, Ethos-U).
+INTEGER_POLICY = "I"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,6 +44,7 @@ class Lowered:
     planned: PlannedProgram | None  # None when nothing was planned (no partition)
     lowering_s: float
     serialisation_s: float
+    vela_runs: list[Any] = field(default_factory=list)  # arm_adapter.VelaRun per Ethos-U delegate
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
@@ -53,6 +54,8 @@ def lower_program(program: ExportedProgram, spec: CodecSpec,
 
     from codec_tosa.partitioner import CodecTosaPartitioner
 
+    if spec.integer_only:
+        return _lower_integer(program, spec, calibration)
     part = CodecTosaPartitioner(spec, calibration=calibration)
     t = time.perf_counter()
     edge = to_edge_transform_and_lower(program, partitioner=[part])
@@ -60,6 +63,62 @@ def lower_program(program: ExportedProgram, spec: CodecSpec,
     t = time.perf_counter()
     pte = edge.to_executorch().buffer
     return Lowered(pte, part.planned, lowering, time.perf_counter() - t)
+
+
+class VelaError(RuntimeError):
+    """Vela is missing or refused the TOSA it was given (one line, Vela's message quoted)."""
+
+
+def _lower_integer(program: ExportedProgram, spec: CodecSpec,
+                   calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    """Plan, materialise the plan as q/dq, then let Arm's stock INT partitioner
+    delegate (docs/DESIGN.md, "Integer targets")."""
+    import copy
+
+    import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
+    from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+
+    from codec_tosa import arm_adapter
+    from codec_tosa.partitioner import CodecTosaPartitioner, IntegerPartitioner
+
+    if spec.target is not None:
+        arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
+        if not arm_adapter.vela_available():
+            raise VelaError(f"--target {spec.target} needs Vela: pip install ethos-u-vela==5.2.0")
+    part = CodecTosaPartitioner(spec, calibration=calibration)
+    t = time.perf_counter()
+    to_edge_transform_and_lower(program, partitioner=[part])  # plans; delegates nothing
+    if part.planned is None:
+        raise ValueError("the partitioner planned nothing")
+    materialized = copy.deepcopy(part.planned.materialized())
+    # the materialised program is edge dialect with quantized_decomposed nodes,
+    # exactly what to_edge makes of a convert_pt2e module; it is not re-verified
+    edge = EdgeProgramManager({"forward": materialized},
+                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir:
+        with arm_adapter.vela_runs_kept(vela_dir) as runs:
+            try:
+                edge = edge.to_backend(IntegerPartitioner(part.planned))
+            except SystemExit as e:  # Vela reports a refused network by exiting
+                raise VelaError(f"Vela failed on the TOSA for {spec.target}: exit status {e.code}") from None
+            except Exception as e:
+                if runs:  # the failure is Vela's
+                    raise VelaError(f"Vela failed on the TOSA for {spec.target}: "
+                                    f"{type(e).__name__}: {e}".splitlines()[0]) from None
+                raise
+        runs = [_kept_run(r) for r in runs]
+    lowering = time.perf_counter() - t
+    t = time.perf_counter()
+    pte = edge.to_executorch().buffer
+    return Lowered(pte, part.planned, lowering, time.perf_counter() - t, runs)
+
+
+def _kept_run(run: Any) -> dict[str, Any]:
+    """What compile keeps of one Vela run before its directory goes: the TOSA and
+    Vela's summary (tools/vela_summary)."""
+    from codec_tosa.tools.vela_summary import read_vela_summary
+
+    return {"tosa": run.tosa, "summary": read_vela_summary(run.directory)}
 
 
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
