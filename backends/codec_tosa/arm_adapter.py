@@ -9,8 +9,9 @@ upgrade has one place to change and one golden test
 from __future__ import annotations
 
 import copy
+import io
 import time
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
@@ -216,13 +217,15 @@ def ethos_u_compile_spec(target: str) -> Any:
                          "ethos-u65-256, ethos-u85-256)") from None
 
 
-@dataclass(frozen=True)
+@dataclass
 class VelaRun:
-    """One Vela compilation inside EthosUBackend: the TOSA it was given and the
-    directory holding Vela's own output (``out.tosa``, ``output/*summary*.csv``)."""
+    """One Vela compilation inside EthosUBackend: the TOSA it was given, the
+    directory holding Vela's own output (``out.tosa``, ``output/*summary*.csv``)
+    and what Vela printed (its operator counts, or why it refused)."""
 
     tosa: bytes
     directory: str
+    log: str = ""
 
 
 @contextmanager
@@ -244,8 +247,14 @@ def vela_runs_kept(directory: str) -> Iterator[list[VelaRun]]:
              intermediate_path: str | None = None, **kwargs: Any) -> Any:
         path = os.path.join(directory, f"delegate_{len(runs)}")
         os.makedirs(path, exist_ok=True)
-        runs.append(VelaRun(bytes(tosa_flatbuffer), path))
-        return compile_fn(tosa_flatbuffer, args, verbose=verbose, intermediate_path=path, **kwargs)
+        run = VelaRun(bytes(tosa_flatbuffer), path)
+        runs.append(run)
+        printed = io.StringIO()
+        try:
+            with redirect_stdout(printed):
+                return compile_fn(tosa_flatbuffer, args, verbose=verbose, intermediate_path=path, **kwargs)
+        finally:
+            run.log = printed.getvalue()
 
     with _patched(ethosu_backend, "vela_compile", kept):
         yield runs

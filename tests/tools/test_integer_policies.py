@@ -46,3 +46,50 @@ def test_relu6_at_v_stays_on_codes(lowered):
     assert all("FP32" not in ins + outs for _, ins, outs in between), between
     assert ("CLAMP", ["INT8"], ["INT8"]) in between
     _matches_simulation(low, small_models.conv_relu6_conv()[1])
+
+
+_IO_KERNELS = {"quantized_decomposed::quantize_per_tensor", "quantized_decomposed::dequantize_per_tensor"}
+
+
+def test_mobile_block_at_i_is_one_integer_delegate(lowered):
+    """conv+BN+ReLU6, depthwise, residual add, cat, shuffle, avg-pools, linear:
+    one TOSA-1.0+INT delegate, no floating-point operator in it; only the input
+    encode and output decode run on the CPU (as in Arm's INT8 flow)."""
+    from codec_tosa.runtime.pte import delegate_provenance
+    from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
+
+    low = lowered("mobile_block", "I")
+    info = inspect_pte(low.pte)
+    assert info.delegate_ids == ("CodecTosaBackend",)
+    assert set(info.operators) <= _IO_KERNELS
+    payload = delegate_payload(low.pte)
+    assert float_operators(payload) == []
+    ops = tosa_stats(payload).operators_by_type
+    assert {"ADD", "AVG_POOL2D", "CLAMP", "CONCAT", "DEPTHWISE_CONV2D"} <= set(ops)
+    assert delegate_provenance(low.pte)["spec"]["tosa"] == "TOSA-1.0+INT"
+
+
+def test_target_needs_policy_i_and_a_known_target():
+    from codec_tosa import arm_adapter
+    from codec_tosa.spec import CodecSpec
+
+    with pytest.raises(ValueError, match="needs --policy I"):
+        CodecSpec(policy="W", target="ethos-u55-128")
+    with pytest.raises(ValueError, match="unknown Ethos-U target 'ethos-u99-7'"):
+        arm_adapter.ethos_u_compile_spec("ethos-u99-7")
+
+
+def test_ethos_u55_delegate_is_vela(lowered):
+    """--target ethos-u55-128: one EthosUBackend delegate (Vela's command stream)
+    and Vela's summary of the TOSA it was given, which is all-integer."""
+    pytest.importorskip("ethosu.vela")
+    from codec_tosa.serialization.tosa_stats import float_operators
+    from codec_tosa.tools.vela_summary import vela_report
+
+    low = lowered("mobile_block", "I", target="ethos-u55-128")
+    info = inspect_pte(low.pte)
+    assert info.delegate_ids == ("EthosUBackend",)
+    assert len(low.vela_runs) == 1 and float_operators(low.vela_runs[0]["tosa"]) == []
+    vela = vela_report(low.vela_runs, len(info.operators))
+    assert vela["cycles_total"] > 0 and vela["npu_ops"] > 0
+    assert vela["cpu_ops"] == len(info.operators)  # Vela itself left nothing to the CPU

@@ -21,6 +21,10 @@ import torch
 from torch.export import ExportedProgram
 
 _MEAN = torch.ops.aten.mean.dim
+# A kernel covering the whole input has one output at any stride; stride 1 is
+# the one Ethos-U takes (Vela refuses AVG_POOL2D strides above 3, and Arm's
+# Ethos-U partitioner then leaves the pool on the CPU).
+_GLOBAL_STRIDE = [1, 1]
 _ADAPTIVE = (torch.ops.aten.adaptive_avg_pool2d.default, torch.ops.aten._adaptive_avg_pool2d.default)
 
 
@@ -38,7 +42,7 @@ def spatial_means_to_avg_pool(ep: ExportedProgram) -> int:
         keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
         n, c, h, w = x.meta["val"].shape
         with graph.inserting_before(node):
-            pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, [h, w], [h, w]))
+            pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, [h, w], _GLOBAL_STRIDE))
             pooled.meta = dict(node.meta)
             pooled.meta["val"] = x.meta["val"].new_empty((n, c, 1, 1))
             out = pooled
@@ -79,8 +83,9 @@ def _adaptive_to_avg_pool(graph: torch.fx.Graph, node: torch.fx.Node) -> int:
     h, w = x.meta["val"].shape[2:]
     oh, ow = node.args[1]
     kernel = [h // oh, w // ow]
+    stride = _GLOBAL_STRIDE if (oh, ow) == (1, 1) else kernel
     with graph.inserting_before(node):
-        pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, kernel, kernel))
+        pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, kernel, stride))
     pooled.meta = dict(node.meta)
     node.replace_all_uses_with(pooled)
     graph.erase_node(node)

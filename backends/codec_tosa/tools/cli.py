@@ -80,7 +80,8 @@ def _spec(args: argparse.Namespace):
 
     table = CommutationTable.from_json(args.table) if args.table else None
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
-                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table)
+                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table,
+                     target=getattr(args, "target", None))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -119,10 +120,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     from codec_tosa.runtime.pte import delegate_payload, delegate_provenance, read_pooling_stats, read_pte
     from codec_tosa.tools.validate import payload_stats
 
+    from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID
+    from codec_tosa.runtime.pte import delegates
+    from codec_tosa.tools.compiler import TOSA
+
     data = read_pte(args.pte)
-    payload = delegate_payload(data, BACKEND_ID, args.pte)
+    ethos_u = [d for d in delegates(data, args.pte) if d.backend_id == ETHOS_U_BACKEND_ID]
+    if ethos_u:  # the payload is Vela's command stream; the TOSA Vela was given is kept beside it
+        tosa_path = Path(args.pte).with_name(TOSA)
+        if not tosa_path.is_file():
+            raise FileNotFoundError(f"{args.pte}: an Ethos-U .pte; its TOSA ({TOSA}) is not beside it")
+        payload = tosa_path.read_bytes()
+        prov = delegate_provenance(data, ETHOS_U_BACKEND_ID)
+    else:
+        payload = delegate_payload(data, BACKEND_ID, args.pte)
+        prov = delegate_provenance(data, BACKEND_ID)
     stats = payload_stats(payload, args.pte)
-    prov = delegate_provenance(data, BACKEND_ID)
     print(f"{args.pte}: {len(data)} bytes; delegate payload {stats.payload_bytes} bytes")
     print(f"versions: {prov.get('versions')}")
     print(f"spec: {prov.get('spec')}; TOSA {prov.get('tosa_spec')}")
@@ -148,6 +161,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         if modeled:
             print(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
                   f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+        vela = json.loads(rep.read_text()).get("vela")
+        if vela:
+            print(f"Vela ({vela['accelerator']}, {vela['system_config']}, {vela['memory_mode']}): "
+                  f"{vela['cycles_total']} cycles, SRAM {vela['sram_bytes']} bytes used "
+                  f"({vela['sram_traffic_bytes']} bytes moved), off-chip {vela['off_chip_bytes']} bytes, "
+                  f"{vela['npu_ops']} NPU / {vela['cpu_ops']} CPU operators, {vela['delegates']} delegate(s)")
     return 0
 
 
@@ -197,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fused-transcode", action="store_true")
     c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
     c.add_argument("--table", help="a user commutation table (JSON)")
+    c.add_argument("--target", help="an Ethos-U accelerator (ethos-u55-128, ethos-u85-256, ...): the "
+                   "delegate is Arm's EthosUBackend (Vela); needs --policy I")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 

@@ -26,6 +26,7 @@ from codec_tosa.units import MIB
 PTE = "model.pte"
 REPORT = "report.json"
 REFERENCE_IO = "reference_io.npz"
+TOSA = "model.tosa"  # an Ethos-U target's TOSA, as Vela was given it
 
 
 @dataclass
@@ -99,12 +100,10 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
         with arm_adapter.vela_runs_kept(vela_dir) as runs:
             try:
                 edge = edge.to_backend(IntegerPartitioner(part.planned))
-            except SystemExit as e:  # Vela reports a refused network by exiting
-                raise VelaError(f"Vela failed on the TOSA for {spec.target}: exit status {e.code}") from None
-            except Exception as e:
-                if runs:  # the failure is Vela's
-                    raise VelaError(f"Vela failed on the TOSA for {spec.target}: "
-                                    f"{type(e).__name__}: {e}".splitlines()[0]) from None
+            except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
+                if runs or isinstance(e, SystemExit):  # the failure is Vela's
+                    said = _vela_error_line(runs[-1].log if runs else "") or f"{type(e).__name__}: {e}"
+                    raise VelaError(f"Vela failed on the TOSA for {spec.target}: {said}".splitlines()[0]) from None
                 raise
         runs = [_kept_run(r) for r in runs]
     lowering = time.perf_counter() - t
@@ -116,9 +115,19 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
 def _kept_run(run: Any) -> dict[str, Any]:
     """What compile keeps of one Vela run before its directory goes: the TOSA and
     Vela's summary (tools/vela_summary)."""
-    from codec_tosa.tools.vela_summary import read_vela_summary
+    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts
 
-    return {"tosa": run.tosa, "summary": read_vela_summary(run.directory)}
+    return {"tosa": run.tosa, "summary": read_vela_summary(run.directory),
+            "operators": vela_operator_counts(run.log)}
+
+
+def _vela_error_line(log: str) -> str:
+    """Vela's own error message, from what it printed."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if "error" in ln.lower():
+            return " ".join(lines[i:i + 2])
+    return lines[-1] if lines else ""
 
 
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
@@ -162,6 +171,11 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         "pte_bytes": len(pte),
         "times": times,
     }
+    if lowered.vela_runs:
+        from codec_tosa.runtime.pte import inspect_pte
+        from codec_tosa.tools.vela_summary import vela_report
+
+        report["vela"] = vela_report(lowered.vela_runs, len(inspect_pte(pte).operators))
     if planned is not None:
         tr = planned.traffic()
         report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,
@@ -180,8 +194,12 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
                                                      sensitivity))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
+        names = [PTE, REFERENCE_IO, REPORT]
+        for k, run in enumerate(lowered.vela_runs):
+            names.append(TOSA if k == 0 else f"model_{k}.tosa")
+            (tmp / names[-1]).write_bytes(run["tosa"])
         out.mkdir(parents=True, exist_ok=True)
-        for name in (PTE, REFERENCE_IO, REPORT):
+        for name in names:
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
