@@ -91,7 +91,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
-from codec_tosa.plan_meta import KEY as PLAN_KEY, PortCodec, OpFacts, read_port_codecs, read_op_facts
+from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
 _QD = exir_ops.edge.quantized_decomposed
 Q_TENSOR = _QD.quantize_per_tensor.default
@@ -404,10 +404,6 @@ class _Materializer:
                 self.stats.removed_constants.append(node.name)
                 delete_constant_placeholder(self.ep, node)
         self._update_output_specs()
-        # the plan is now q/dq nodes: a materialised program has no plan left to
-        # materialise (the integer flow hands one to CodecTosaBackend)
-        for node in self.fx.nodes:
-            node.meta.pop(PLAN_KEY, None)
         self.fx.lint()
         self.gm.recompile()
 

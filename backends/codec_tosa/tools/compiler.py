@@ -81,6 +81,7 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
 
     from codec_tosa import arm_adapter
     from codec_tosa.partitioner import CodecTosaPartitioner, IntegerPartitioner
+    from codec_tosa.plan_meta import clear_plan
 
     if spec.target is not None:
         arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
@@ -92,6 +93,7 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
     if part.planned is None:
         raise ValueError("the partitioner planned nothing")
     materialized = copy.deepcopy(part.planned.materialized())
+    clear_plan(materialized.graph_module)  # it is q/dq nodes now
     # the materialised program is edge dialect with quantized_decomposed nodes,
     # exactly what to_edge makes of a convert_pt2e module; it is not re-verified
     edge = EdgeProgramManager({"forward": materialized},
