@@ -9,8 +9,9 @@ upgrade has one place to change and one golden test
 from __future__ import annotations
 
 import copy
+import io
 import time
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator
 
@@ -273,6 +274,79 @@ def stock_partitioner(compile_spec: TosaCompileSpec, **kwargs: Any):
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
 
     return TOSAPartitioner(compile_spec, **kwargs)
+
+
+ETHOS_U_BACKEND_ID = "EthosUBackend"
+
+
+def ethos_u_compile_spec(target: str) -> Any:
+    """Arm's Ethos-U compile spec for `target` (``ethos-u55-128``, ``ethos-u85-256``, ...).
+
+    Raises ValueError, one line, for a target Arm does not know."""
+    from executorch.backends.arm.ethosu import EthosUCompileSpec
+
+    try:
+        return EthosUCompileSpec(target)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"unknown Ethos-U target {target!r}: {e} (expected e.g. ethos-u55-128, "
+                         "ethos-u65-256, ethos-u85-256)") from None
+
+
+@dataclass
+class VelaRun:
+    """One Vela compilation inside EthosUBackend: the TOSA it was given, the
+    directory holding Vela's own output (``out.tosa``, ``output/*summary*.csv``)
+    and what Vela printed (its operator counts, or why it refused)."""
+
+    tosa: bytes
+    directory: str
+    log: str = ""
+
+
+@contextmanager
+def vela_runs_kept(directory: str) -> Iterator[list[VelaRun]]:
+    """Keep each Vela run of EthosUBackend in a subdirectory of `directory`.
+
+    Arm's backend calls `arm_vela.vela_compile` with an intermediate path only
+    when the compile spec carries one, and that path would then be written into
+    the .pte; instead the call is given one here (looked up as a module global
+    of Arm's backend at call time), so the .pte stays as stock writes it."""
+    import os
+
+    from executorch.backends.arm.ethosu import backend as ethosu_backend
+
+    compile_fn = ethosu_backend.vela_compile
+    runs: list[VelaRun] = []
+
+    def kept(tosa_flatbuffer: bytes, args: list[str], verbose: bool = False,
+             intermediate_path: str | None = None, **kwargs: Any) -> Any:
+        path = os.path.join(directory, f"delegate_{len(runs)}")
+        os.makedirs(path, exist_ok=True)
+        run = VelaRun(bytes(tosa_flatbuffer), path)
+        runs.append(run)
+        printed = io.StringIO()
+        try:
+            with redirect_stdout(printed):
+                return compile_fn(tosa_flatbuffer, args, verbose=verbose, intermediate_path=path, **kwargs)
+        finally:
+            run.log = printed.getvalue()
+
+    with _patched(ethosu_backend, "vela_compile", kept):
+        yield runs
+
+
+def ethos_u_partitioner(compile_spec: Any, **kwargs: Any) -> Any:
+    """Arm's stock Ethos-U partitioner (INT operator support for the target)."""
+    from executorch.backends.arm.ethosu import EthosUPartitioner
+
+    return EthosUPartitioner(compile_spec, **kwargs)
+
+
+def vela_available() -> bool:
+    """Whether Arm's Vela wrapper could import Vela (`ethos-u-vela`)."""
+    from executorch.backends.arm import arm_vela
+
+    return bool(getattr(arm_vela, "has_vela", False))
 
 
 @dataclass(frozen=True)

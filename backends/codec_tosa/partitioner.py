@@ -12,12 +12,13 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
+from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.graph import has_empty_tensor
 from codec_tosa.planning import PlannedProgram, plan_program
 from codec_tosa.provenance import option_specs, provenance_specs
-from codec_tosa.spec import CodecSpec
+from codec_tosa.spec import INT_FP, CodecSpec
 
 
 class CodecTosaPartitioner(Partitioner):
@@ -32,7 +33,13 @@ class CodecTosaPartitioner(Partitioner):
         self.codec_spec = spec or CodecSpec()
         self.calibration = [tuple(c) for c in calibration] if calibration is not None else None
         self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
-        self._arm = arm_adapter.stock_partitioner(self.arm_spec, additional_checks=[_NoEmptyTensors()])
+        # An integer-only spec plans here and delegates in a second step
+        # (`IntegerPartitioner`): Arm's INT operator support takes only a graph
+        # that is already quantized, so planning asks which operators Arm can
+        # lower once quantized, i.e. its INT+FP support.
+        support_spec = (arm_adapter.tosa_compile_spec(INT_FP) if self.codec_spec.integer_only
+                        else self.arm_spec)
+        self._arm = arm_adapter.stock_partitioner(support_spec, additional_checks=[_NoEmptyTensors()])
         self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
         self._real_state: dict[str, torch.Tensor] = {}
         # what `partition` planned (the compiler and the simulation read it)
@@ -49,6 +56,8 @@ class CodecTosaPartitioner(Partitioner):
             # analysis folds it); the reference policy has no plan, so Arm
             # lowers its batch norms itself and the bytes are stock
             fold_batch_norms(out)
+        if self.codec_spec.integer_only:
+            spatial_means_to_avg_pool(out)  # Arm's INT8 mean.dim needs it (the pass says why)
         self._real_state.update(out.state_dict)
         return out
 
@@ -65,6 +74,10 @@ class CodecTosaPartitioner(Partitioner):
         # operators left on the CPU run FP32, so partition boundaries are plain
         delegated = {n.name for n in ep.graph.nodes if "delegation_tag" in n.meta}
         self.planned = plan_program(ep, self.codec_spec, self._calibration(ep), self._real_state, delegated)
+        if self.codec_spec.integer_only:
+            # a partitioner may not change the graph (ExecuTorch checks), and
+            # the codecs must be in it before Arm's INT partitioner runs
+            return PartitionResult(tagged_exported_program=ep, partition_tags={})
         specs = (list(self.delegation_spec.compile_specs) + option_specs(self.codec_spec)
                  + provenance_specs(self.codec_spec, self.planned.to_json()))
         delegation = DelegationSpec(BACKEND_ID, specs)
@@ -79,6 +92,40 @@ class CodecTosaPartitioner(Partitioner):
         examples = [n.meta["val"] for n in ep.graph.nodes
                     if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
+
+
+class IntegerPartitioner(Partitioner):
+    """The second step of an integer-only lowering (docs/DESIGN.md, "Integer targets").
+
+    It runs on `planned.materialized()`, the edge program with the plan written
+    as PT2E q/dq nodes, which is what Arm's INT flow sees after `convert_pt2e`.
+    Arm's stock partitioner for the spec (TOSA-1.0+INT, or Ethos-U for a
+    `target`) tags what it can lower; the graph's input encodes and output
+    decodes stay on the CPU as quantize/dequantize kernels, as in Arm's flow.
+    The delegate is CodecTosaBackend for TOSA, Arm's EthosUBackend (Vela) for
+    an Ethos-U target; either way the plan's provenance travels with it.
+    """
+
+    def __init__(self, planned: PlannedProgram) -> None:
+        spec = planned.spec
+        provenance = provenance_specs(spec, planned.to_json())
+        if spec.ethos_u:
+            arm_spec = arm_adapter.ethos_u_compile_spec(spec.target)
+            self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=[_NoEmptyTensors()])
+            backend_id = arm_adapter.ETHOS_U_BACKEND_ID
+            specs = arm_adapter.arm_compile_spec_entries(arm_spec) + provenance
+        else:
+            arm_spec = arm_adapter.tosa_compile_spec(spec.tosa_spec)
+            self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=[_NoEmptyTensors()])
+            backend_id = BACKEND_ID
+            specs = arm_adapter.arm_compile_spec_entries(arm_spec) + option_specs(spec) + provenance
+        self.delegation_spec = DelegationSpec(backend_id, specs)
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        arm_result = self._arm.partition(exported_program)
+        tags = {tag: self.delegation_spec for tag in arm_result.partition_tags}
+        return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,
+                               partition_tags=tags)
 
 
 class _NoEmptyTensors(OperatorSupportBase):
@@ -109,4 +156,4 @@ def _lifted_constants(ep: ExportedProgram) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["CodecTosaPartitioner"]
+__all__ = ["CodecTosaPartitioner", "IntegerPartitioner"]

@@ -108,3 +108,10 @@ def read_op_facts(graph: PortGraph, op: int) -> OpFacts | None:
 
 def has_plan(gm: torch.fx.GraphModule) -> bool:
     return any(KEY in n.meta for n in gm.graph.nodes)
+
+
+def clear_plan(gm: torch.fx.GraphModule) -> None:
+    """Drop the plan from a program it has been materialised in, so that the
+    backend does not materialise it a second time (the integer-only flow)."""
+    for n in gm.graph.nodes:
+        n.meta.pop(KEY, None)

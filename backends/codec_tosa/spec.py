@@ -7,20 +7,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
+from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.placement.domains import COALESCE, check_placement
 
-# Where the delegate runs: a TOSA flatbuffer run by CodecTosaBackend, or a VGF
-# file run by Arm's VgfBackend (ML SDK for Vulkan).
+# Where the delegate runs: a TOSA flatbuffer run by CodecTosaBackend, a VGF file
+# run by Arm's VgfBackend (ML SDK for Vulkan), or Vela's command stream run by
+# Arm's EthosUBackend ("ethos-u55-128", "ethos-u85-256", ... any target Arm's
+# EthosUCompileSpec accepts).
 TARGETS = ("tosa", "vgf")
+ETHOS_U_PREFIX = "ethos-u"
 
 INT_FP = "TOSA-1.0+INT+FP"
 FP_ONLY = "TOSA-1.0+FP"
+INT_ONLY = "TOSA-1.0+INT"
 
 
 @dataclass(frozen=True)
 class CodecSpec:
-    """Options of `CodecTosaPartitioner`; `tosa=None` picks INT+FP (FP for policy Z)."""
+    """Options of `CodecTosaPartitioner`; `tosa=None` picks INT+FP (FP for policy Z,
+    INT for policy I). `target` is ``tosa``, ``vgf`` or an Ethos-U accelerator
+    (``ethos-u55-128``): the delegate is then Arm's EthosUBackend (Vela), which
+    takes policy I only."""
 
     policy: str = "W"
     placement: str = COALESCE
@@ -30,10 +38,19 @@ class CodecSpec:
     table: CommutationTable | None = None
     # activation codecs with zero point 0 (2-operator encode/decode instead of 3)
     symmetric_activations: bool = False
+    target: str = "tosa"
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
         check_placement(self.placement)
+        if self.target not in TARGETS and not self.ethos_u:
+            raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
+                             "accelerator such as ethos-u55-128 or ethos-u85-256")
+        if self.ethos_u and self.policy != INTEGER_POLICY:
+            raise ValueError(f"--target {self.target} needs --policy {INTEGER_POLICY} (got {self.policy}): "
+                             "Ethos-U runs integer TOSA only")
+        if self.ethos_u and self.tosa not in (None, INT_ONLY):
+            raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
 
     @property
     def commutation_table(self) -> CommutationTable:
@@ -48,6 +65,8 @@ class CodecSpec:
     def tosa_spec(self) -> str:
         if self.tosa:
             return self.tosa
+        if self.policy == INTEGER_POLICY:
+            return INT_ONLY
         return FP_ONLY if self.reference else INT_FP
 
     @property
@@ -55,9 +74,20 @@ class CodecSpec:
         """The codec whose theta calibration learns for each domain."""
         return SYMMETRIC_CODEC if self.symmetric_activations else DEFAULT_CODEC
 
+    @property
+    def ethos_u(self) -> bool:
+        """The target is an Ethos-U accelerator (the delegate is Arm's EthosUBackend)."""
+        return self.target.startswith(ETHOS_U_PREFIX)
+
+    @property
+    def integer_only(self) -> bool:
+        """No FP32 in the delegate: the codecs are materialised before Arm's
+        partitioner runs, so that it sees (and delegates) a quantized graph."""
+        return self.ethos_u or "+FP" not in self.tosa_spec
+
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "reference": self.reference, "placement": self.placement,
-                "tosa": self.tosa_spec,
+                "tosa": self.tosa_spec, "target": self.target,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "symmetric_activations": self.symmetric_activations,
                 "custom_table": self.table is not None}

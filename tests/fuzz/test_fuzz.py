@@ -59,7 +59,7 @@ def check_analysis(recipe: Recipe) -> None:
     ep = torch.export.export(model, inputs)
     for fold in (False, True):
         graph = port_graph(ep, fold)
-        for policy in "ZYXW":
+        for policy in "ZYXWVI":
             t = {pl: analyze(graph, policy, pl, verify=True).traffic for pl in PLACEMENTS}
             assert t[COALESCE].traffic_bytes <= t[NONLOCAL].traffic_bytes <= t[LOCAL].traffic_bytes, recipe
             if policy == "Z":

@@ -20,7 +20,7 @@ graphs = st.builds(
 
 
 @settings(max_examples=60, deadline=None)
-@given(graphs, st.sampled_from("ZYXW"))
+@given(graphs, st.sampled_from("ZYXWVI"))
 def test_every_domain_has_an_absolute_dominator(g, policy):
     for placement in (LOCAL, NONLOCAL, COALESCE):
         analyze(g, policy, placement, verify=True)  # raises DominatorError otherwise

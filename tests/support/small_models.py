@@ -118,3 +118,54 @@ def linear_head(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 def attention(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return Attention().eval(), (torch.randn(1, 6, 16),)
+class ConvRelu6Conv(nn.Module):
+    """conv -> relu6 -> conv: policy V keeps the relu6 (CLAMP) on codes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.functional.relu6(self.a(x)))
+
+
+def conv_relu6_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvRelu6Conv().eval(), (torch.randn(1, 3, 8, 8),)
+
+
+class MobileBlock(nn.Module):
+    """A MobileNet-style block: conv+BN+ReLU6, depthwise, residual add, cat,
+    channel shuffle, average pooling and a linear head (policy I's target shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8),
+                                nn.ReLU6())
+        self.pw = nn.Sequential(nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8))
+        self.side = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = y + self.pw(self.dw(y))  # inverted-residual style skip
+        z = torch.cat([y, self.side(y)], dim=1)
+        n, c, h, w = z.shape
+        z = z.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)  # channel shuffle
+        z = nn.functional.avg_pool2d(z, 2)
+        z = nn.functional.adaptive_avg_pool2d(z, 1).flatten(1)
+        return self.head(z)
+
+
+def mobile_block(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    m = MobileBlock()
+    for mod in m.modules():  # non-trivial BN statistics, so folding matters
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.2, 0.2)
+    return m.eval(), (torch.randn(1, 3, 8, 8),)

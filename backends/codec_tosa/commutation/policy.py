@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_ORDER: tuple[str, ...] = ("Z", "Y", "X", "W")
+# V and I are the integer-target policies (docs/DESIGN.md, "Policy"): V adds the
+# operators that commute exactly with an affine codec, I everything Arm lowers in INT8.
+DEFAULT_ORDER: tuple[str, ...] = ("Z", "Y", "X", "W", "V", "I")
+# The policy whose artefacts are all-integer TOSA (TOSA-1.0+INT, Ethos-U).
+INTEGER_POLICY = "I"
 
 
 @dataclass(frozen=True)
 class PolicyOrder:
-    """The ordered policy letters, least compressed first (Z < Y < X < W by default)."""
+    """The ordered policy letters, least compressed first (Z < Y < X < W < V < I by default)."""
 
     letters: tuple[str, ...] = DEFAULT_ORDER
 

@@ -128,6 +128,29 @@ def _layout(target: str, src: str = "self", out: str = OUT) -> Row:
     return Row(target, "W", (src, out), ((src, out),))
 
 
+def _monotone(target: str, src: str = "self") -> Row:
+    # Commutes exactly with an affine codec of positive scale: a monotone map
+    # that sends grid points to grid points (relu: max(q, zp); clamp(a, b):
+    # CLAMP between the codes of a and b, and quantising is monotone, so
+    # q(clamp(x, a, b)) == clamp(q(x), q(a), q(b))). One theta, like a layout op.
+    return Row(target, "V", (src, OUT), ((src, OUT),))
+
+
+def _integer(target: str, operands: tuple[str, ...], out: str = OUT) -> Row:
+    # Has an INT8 lowering in Arm's TOSA flow (int32 RESCALEs or a TABLE) that
+    # changes the scale: each input is encoded in whatever domain reaches it
+    # and the output starts its own domain (trivial blocks, like convolution).
+    return Row(target, "I", operands + (out,), ())
+
+
+def _averaging(target: str, src: str = "self") -> Row:
+    # TOSA's INT8 AVG_POOL2D (and Arm's mean/adaptive-pool rewrites onto it or
+    # onto a REDUCE_SUM + rescale) take an input and an output zero point but no
+    # scale: input and output share one theta, as in Arm's own annotator. An
+    # average stays within its inputs' range, so the shared theta loses nothing.
+    return Row(target, "I", (src, OUT), ((src, OUT),))
+
+
 def _fp32(*targets: str) -> list[Row]:
     return [Row(t) for t in targets]
 
@@ -183,6 +206,28 @@ def _default_rows() -> list[Row]:
         _layout("aten.upsample_nearest2d.vec", "input"),
         _layout("aten.upsample_nearest2d.default"),
     ]
+    rows += [
+        # V: monotone, grid to grid (see _monotone)
+        _monotone("aten.relu.default"),
+        _monotone("aten.hardtanh.default"),  # relu6 is hardtanh(0, 6)
+        _monotone("aten.clamp.default"),
+        # I: Arm's INT8 lowering, new scale at the output (see _integer)
+        _integer("aten.add.Tensor", ("self", "other")),  # RESCALE both to int32, ADD, RESCALE
+        _integer("aten.sub.Tensor", ("self", "other")),
+        _integer("aten.mul.Tensor", ("self", "other")),  # int32 MUL, one output RESCALE
+        # TABLE: a 256-entry lookup from input codes to output codes
+        _integer("aten.sigmoid.default", ("self",)),
+        _integer("aten.tanh.default", ("self",)),
+        _integer("aten.hardswish.default", ("self",)),
+        _integer("aten.hardsigmoid.default", ("self",)),
+        _integer("aten.silu.default", ("self",)),
+        _integer("aten.gelu.default", ("self",)),
+        _averaging("aten.avg_pool2d.default"),
+        _averaging("aten.mean.dim"),
+        _averaging("aten.mean.default"),
+        _averaging("aten._adaptive_avg_pool2d.default"),
+        _averaging("aten.adaptive_avg_pool2d.default"),
+    ]
     # ExecuTorch's edge spelling of clone/contiguous (dim-order aware)
     rows.append(_layout("dim_order_ops._clone_dim_order.default"))
     for name in _LAYOUT_OPS:
@@ -191,15 +236,13 @@ def _default_rows() -> list[Row]:
             rows.append(_layout(f"aten.{_EDGE_COPY[name]}"))
     rows += _fp32(
         # elementwise arithmetic and activations
-        "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
-        "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
+        "aten.add.Scalar", "aten.sub.Scalar",
+        "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
         "aten.div.Tensor_mode", "aten.rsub.Scalar", "aten.neg.default", "aten.abs.default",
         "aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.sqrt.default",
         "aten.rsqrt.default", "aten.reciprocal.default", "aten.exp.default", "aten.log.default",
-        "aten.sin.default", "aten.cos.default", "aten.tanh.default", "aten.sigmoid.default",
-        "aten.relu.default", "aten.gelu.default", "aten.silu.default", "aten.hardtanh.default",
-        "aten.hardswish.default", "aten.hardsigmoid.default", "aten.leaky_relu.default",
-        "aten.elu.default", "aten.erf.default", "aten.clamp.default", "aten.clamp.Tensor",
+        "aten.sin.default", "aten.cos.default", "aten.leaky_relu.default",
+        "aten.elu.default", "aten.erf.default", "aten.clamp.Tensor",
         "aten.minimum.default", "aten.maximum.default", "aten.where.self",
         "aten.lt.Scalar", "aten.lt.Tensor", "aten.gt.Scalar", "aten.gt.Tensor",
         "aten.le.Scalar", "aten.ge.Scalar", "aten.eq.Scalar", "aten.eq.Tensor",
@@ -209,10 +252,9 @@ def _default_rows() -> list[Row]:
         "aten._native_batch_norm_legit_no_training.default",
         "aten.native_batch_norm.default", "aten.native_layer_norm.default",
         "aten.native_group_norm.default", "aten._softmax.default",
-        "aten._log_softmax.default", "aten._safe_softmax.default", "aten.mean.dim",
-        "aten.mean.default", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default",
-        "aten.var.correction", "aten.avg_pool2d.default", "aten._adaptive_avg_pool2d.default",
-        "aten.adaptive_avg_pool2d.default", "aten.upsample_bilinear2d.vec",
+        "aten._log_softmax.default", "aten._safe_softmax.default", "aten.sum.dim_IntList",
+        "aten.amax.default", "aten.amin.default", "aten.var.correction",
+        "aten.upsample_bilinear2d.vec",
         # type conversion, indexing, constants
         "aten._to_copy.default", "aten.embedding.default", "aten.index.Tensor",
         "aten.index_select.default", "aten.gather.default", "aten.arange.start_step",

@@ -9,7 +9,6 @@ from typing import Callable, Sequence
 
 from codec_tosa.commutation.policy import DEFAULT_ORDER
 from codec_tosa.placement.domains import PLACEMENTS
-from codec_tosa.spec import TARGETS
 from codec_tosa.units import MIB
 
 DEFAULT_MODEL = "tiny_shufflenet"
@@ -81,13 +80,14 @@ def _spec(args: argparse.Namespace):
     table = CommutationTable.from_json(args.table) if args.table else None
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
                      fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table,
-                     symmetric_activations=getattr(args, "symmetric_activations", False))
+                     symmetric_activations=getattr(args, "symmetric_activations", False),
+                     target=getattr(args, "target", "tosa"))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from codec_tosa.tools.compiler import compile_model
 
-    result = compile_model(args.model, _spec(args), args.out, target=args.target)
+    result = compile_model(args.model, _spec(args), args.out)
     extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
           f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}{extra}")
@@ -132,7 +132,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
     cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
                                    tosa=None, fused_transcode=False, no_pool=False, table=None, out=out,
-                                   target="tosa"))
+                                   target="tosa", symmetric_activations=False))
     print(f"\n== codec-tosa validate {out / 'model.pte'}")
     status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None))
     print(f"\n== codec-tosa report {out / 'model.pte'}")
@@ -172,9 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--symmetric-activations", action="store_true",
                    help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
     c.add_argument("--table", help="a user commutation table (JSON)")
-    c.add_argument("--target", choices=TARGETS, default="tosa",
-                   help="tosa: a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's VgfBackend "
-                        "delegate (ML SDK for Vulkan), with model.vgf and model.tosa beside the .pte")
+    c.add_argument("--target", default="tosa",
+                   help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "
+                        "VgfBackend (ML SDK for Vulkan), with model.vgf and model.tosa beside the .pte; "
+                        "an Ethos-U accelerator (ethos-u55-128, ethos-u85-256, ...): Arm's EthosUBackend "
+                        "(Vela), with model.tosa beside the .pte; needs --policy I")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 

@@ -19,7 +19,7 @@ from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.simulation import simulate
-from codec_tosa.spec import TARGETS, CodecSpec
+from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.loading import load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.units import MIB
@@ -27,6 +27,7 @@ from codec_tosa.units import MIB
 PTE = "model.pte"
 REPORT = "report.json"
 REFERENCE_IO = "reference_io.npz"
+TOSA = "model.tosa"  # an Ethos-U target's TOSA, as Vela was given it
 
 
 @dataclass
@@ -51,20 +52,22 @@ class Lowered:
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
-                  calibration: Sequence[Sequence[torch.Tensor]] | None, target: str = "tosa") -> Lowered:
+                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
     """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`.
 
-    `target="vgf"` delegates to Arm's VgfBackend instead (our plan and TOSA
-    lowering, Arm's model-converter) and keeps each delegate's VGF and TOSA."""
+    `spec.target` "vgf" delegates to Arm's VgfBackend instead (our plan and
+    TOSA lowering, Arm's model-converter) and keeps each delegate's VGF and
+    TOSA; an integer-only spec (policy I, an Ethos-U target) materialises the
+    plan first and lets Arm's stock INT partitioner delegate."""
     from executorch.exir import to_edge_transform_and_lower
 
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
-    if target == "vgf":
+    if spec.target == "vgf":
         return _lower_to_vgf(program, spec, calibration)
 
     from codec_tosa.partitioner import CodecTosaPartitioner
 
+    if spec.integer_only:
+        return _lower_integer(program, spec, calibration)
     part = CodecTosaPartitioner(spec, calibration=calibration)
     t = time.perf_counter()
     edge = to_edge_transform_and_lower(program, partitioner=[part])
@@ -92,8 +95,83 @@ def _lower_to_vgf(program: ExportedProgram, spec: CodecSpec,
     return Lowered(low.pte, low.partitioner.planned, low.lowering_s, low.serialisation_s, files, report)
 
 
+class VelaError(RuntimeError):
+    """Vela is missing or refused the TOSA it was given (one line, Vela's message quoted)."""
+
+
+def _lower_integer(program: ExportedProgram, spec: CodecSpec,
+                   calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    """Plan, materialise the plan as q/dq, then let Arm's stock INT partitioner
+    delegate (docs/DESIGN.md, "Integer targets")."""
+    import copy
+
+    import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
+    from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+
+    from codec_tosa import arm_adapter
+    from codec_tosa.partitioner import CodecTosaPartitioner, IntegerPartitioner
+    from codec_tosa.plan_meta import clear_plan
+
+    if spec.ethos_u:
+        arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
+        if not arm_adapter.vela_available():
+            raise VelaError(f"--target {spec.target} needs Vela: pip install ethos-u-vela==5.2.0")
+    part = CodecTosaPartitioner(spec, calibration=calibration)
+    t = time.perf_counter()
+    to_edge_transform_and_lower(program, partitioner=[part])  # plans; delegates nothing
+    if part.planned is None:
+        raise ValueError("the partitioner planned nothing")
+    materialized = copy.deepcopy(part.planned.materialized())
+    clear_plan(materialized.graph_module)  # it is q/dq nodes now
+    # the materialised program is edge dialect with quantized_decomposed nodes,
+    # exactly what to_edge makes of a convert_pt2e module; it is not re-verified
+    edge = EdgeProgramManager({"forward": materialized},
+                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir:
+        with arm_adapter.vela_runs_kept(vela_dir) as runs:
+            try:
+                edge = edge.to_backend(IntegerPartitioner(part.planned))
+            except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
+                if runs or isinstance(e, SystemExit):  # the failure is Vela's
+                    said = _vela_error_line(runs[-1].log if runs else "") or f"{type(e).__name__}: {e}"
+                    raise VelaError(f"Vela failed on the TOSA for {spec.target}: {said}".splitlines()[0]) from None
+                raise
+        runs = [_kept_run(r) for r in runs]
+    lowering = time.perf_counter() - t
+    t = time.perf_counter()
+    pte = edge.to_executorch().buffer
+    serialisation = time.perf_counter() - t
+    # Vela's input, kept for `validate` (the .pte holds only its command stream)
+    files = {(TOSA if k == 0 else f"model_{k}.tosa"): run["tosa"] for k, run in enumerate(runs)}
+    report: dict[str, Any] = {}
+    if runs:
+        from codec_tosa.runtime.pte import inspect_pte
+        from codec_tosa.tools.vela_summary import vela_report
+
+        report["vela"] = vela_report(runs, len(inspect_pte(pte).operators))
+    return Lowered(pte, part.planned, lowering, serialisation, files, report)
+
+
+def _kept_run(run: Any) -> dict[str, Any]:
+    """What compile keeps of one Vela run before its directory goes: the TOSA and
+    Vela's summary (tools/vela_summary)."""
+    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts
+
+    return {"tosa": run.tosa, "summary": read_vela_summary(run.directory),
+            "operators": vela_operator_counts(run.log)}
+
+
+def _vela_error_line(log: str) -> str:
+    """Vela's own error message, from what it printed."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if "error" in ln.lower():
+            return " ".join(lines[i:i + 2])
+    return lines[-1] if lines else ""
+
+
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
-                  progress: bool = True, target: str = "tosa") -> CompileResult:
+                  progress: bool = True) -> CompileResult:
     """Export, partition (placement + calibration), lower and serialise; write the artefacts.
 
     Everything is written to a temporary directory first and moved into
@@ -111,7 +189,7 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
         steps.set_description("calibration + lowering + serialisation")
         calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
-        lowered = lower_program(loaded.program, spec, calib, target)
+        lowered = lower_program(loaded.program, spec, calib)
         pte, planned = lowered.pte, lowered.planned
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
         steps.update(2)
@@ -129,8 +207,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     report: dict[str, Any] = {
         "model": model,
         "spec": spec.to_json(),
-        "target": target,
-        "backend_id": BACKEND_ID if target == "tosa" else "VgfBackend",
+        "target": spec.target,
+        "backend_id": backend_id(spec),
         "pte_bytes": len(pte),
         "times": times,
     }
@@ -163,6 +241,15 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return CompileResult(out, report, tuple(lowered.files))
+
+
+def backend_id(spec: CodecSpec) -> str:
+    """The id of the delegates `spec` makes."""
+    from codec_tosa import arm_adapter
+
+    if spec.target == "vgf":
+        return arm_adapter.VGF_BACKEND_ID
+    return arm_adapter.ETHOS_U_BACKEND_ID if spec.ethos_u else BACKEND_ID
 
 
 def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
