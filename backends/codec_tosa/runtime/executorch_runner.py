@@ -8,20 +8,31 @@ runs on ExecuTorch's CPU kernels.
 Loading the backend library and importing ``tosa_reference_model`` in the same
 process is safe: the library links its own reference model with private
 symbols (see ``native._command``), so both copies coexist.
+
+``run_pte_recorded`` also returns what every delegate call really received and
+produced, read back from the C++ backend's recorder, so that validation can run
+each delegate on the reference model alone, including delegates fed by values
+the CPU computed (docs/DESIGN.md, "Validation").
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
 
+import numpy as np
 import torch
 
+from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime import native
-from codec_tosa.runtime.pte import PteError, inspect_pte
+from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, delegates, inspect_pte
+from codec_tosa.serialization.tosa_stats import TensorInfo, entry_io_tensors
 
-__all__ = ["PteRunError", "run_pte"]
+__all__ = ["DelegateCall", "PteRunError", "run_pte", "run_pte_recorded"]
 
 PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
@@ -58,10 +69,17 @@ def run_pte(
     wrong shape or dtype).
     """
     data = _read(pte)
+    return _run(data, _inspect(data), inputs, method)
+
+
+def _inspect(data: bytes) -> PteInfo:
     try:
-        info = inspect_pte(data)
+        return inspect_pte(data)
     except PteError as exc:
         raise PteRunError(str(exc)) from exc
+
+
+def _load_native() -> None:
     try:
         native.load()
     except native.NativeBuildError as exc:
@@ -71,6 +89,10 @@ def run_pte(
             f"the CodecTosaBackend runtime library is unavailable: {first} "
             "(details: python -m codec_tosa.runtime.native build)"
         ) from exc
+
+
+def _run(data: bytes, info: PteInfo, inputs: Sequence[torch.Tensor], method: str) -> list[torch.Tensor]:
+    _load_native()
     if info.needs_quantized_kernels:
         import executorch.kernels.quantized  # noqa: F401  (registers the kernels)
     from executorch.extension.pybindings import portable_lib
@@ -103,3 +125,106 @@ def run_pte(
     # Outputs can alias runtime-owned planned memory that the next run
     # overwrites; hand the caller its own copies.
     return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+
+
+@dataclass(frozen=True)
+class DelegateCall:
+    """One CodecTosaBackend delegate call of a run, as the runtime backend saw it.
+
+    ``inputs`` and ``outputs`` are in the TOSA graph's entry-block order, with
+    its shapes and dtypes: what ``tools.reference_model.run_reference_model``
+    takes and returns for ``payload``.
+    """
+
+    call: int  # order of the call within the run, from 0
+    delegate_index: int  # position among the method's delegates (pte.Delegate.index)
+    backend_id: str
+    payload_hash: str  # FNV-1a 64, hex (native.payload_hash)
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+    payload: bytes = field(repr=False, default=b"")
+
+
+# TOSA dtype names at a delegate boundary (the C++ backend's ElementType set).
+_NUMPY_DTYPES = {"FP32": np.float32, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+                 "BOOL": np.bool_}
+
+
+def run_pte_recorded(
+    pte: PteSource,
+    inputs: Sequence[torch.Tensor],
+    method: str = "forward",
+) -> tuple[list[torch.Tensor], list[DelegateCall]]:
+    """`run_pte`, plus every CodecTosaBackend delegate call it made, in call order.
+
+    The C++ backend writes each call's tensors into a temporary directory
+    (``native.record``), removed before returning. Each call is matched to its
+    delegate by the hash of the payload; delegates with identical payloads are
+    told apart by the order of the method's delegate-call instructions.
+    """
+    data = _read(pte)
+    info = _inspect(data)
+    _load_native()
+    with tempfile.TemporaryDirectory(prefix="codec_tosa_record-") as directory:
+        native.record(directory)
+        try:
+            outputs = _run(data, info, inputs, method)
+        finally:
+            native.record(None)
+        return outputs, _read_recording(Path(directory), data, info, method)
+
+
+def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str) -> list[DelegateCall]:
+    manifest = directory / "manifest.tsv"
+    if not manifest.is_file():
+        return []
+    # call -> (hash, {(role, index): (dtype, shape, file)})
+    calls: dict[int, tuple[str, dict[tuple[str, int], tuple[str, tuple[int, ...], str]]]] = {}
+    for line in manifest.read_text().splitlines():
+        call, digest, role, index, dtype, dims, name = line.split("\t")
+        shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+        calls.setdefault(int(call), (digest, {}))[1][(role, int(index))] = (dtype, shape, name)
+
+    try:
+        every = [d for d in delegates(data) if d.method == method and d.backend_id == BACKEND_ID]
+    except PteError as exc:
+        raise PteRunError(str(exc)) from exc
+    by_hash: dict[str, list[Delegate]] = defaultdict(list)
+    for d in every:
+        by_hash[native.payload_hash(d.payload)].append(d)
+    # the method's delegate calls in instruction order, to tell identical payloads apart
+    order = ([c.delegate_index for c in info.delegate_calls if c.delegate_id == BACKEND_ID]
+             if info.method == method else [])
+
+    recorded: list[DelegateCall] = []
+    for position, call in enumerate(sorted(calls)):
+        digest, files = calls[call]
+        candidates = by_hash.get(digest)
+        if not candidates:
+            raise PteRunError(f"recorded delegate call {call} names payload {digest}, "
+                              f"which no {BACKEND_ID} delegate of method {method!r} has")
+        expected = order[position % len(order)] if order else -1
+        delegate = next((d for d in candidates if d.index == expected), candidates[0])
+        specs_in, specs_out = entry_io_tensors(delegate.payload)
+        arrays = {role: [_load_tensor(directory, call, role, i, spec, files.get((role, i)))
+                         for i, spec in enumerate(specs)]
+                  for role, specs in (("in", specs_in), ("out", specs_out))}
+        recorded.append(DelegateCall(call, delegate.index, delegate.backend_id, digest,
+                                     arrays["in"], arrays["out"], delegate.payload))
+    return recorded
+
+
+def _load_tensor(directory: Path, call: int, role: str, index: int, spec: TensorInfo,
+                 entry: tuple[str, tuple[int, ...], str] | None) -> np.ndarray:
+    """One recorded tensor at the graph's shape and dtype; the manifest must agree."""
+    what = f"recorded delegate call {call}, {role}put {index}"
+    if entry is None:
+        raise PteRunError(f"{what}: missing from the recording")
+    dtype, shape, name = entry
+    if dtype != spec.dtype or shape != tuple(spec.shape) or dtype not in _NUMPY_DTYPES:
+        raise PteRunError(f"{what}: recorded as {dtype}{list(shape)}, "
+                          f"the TOSA graph declares {spec.dtype}{spec.shape}")
+    array = np.fromfile(directory / name, dtype=_NUMPY_DTYPES[dtype])
+    if array.size != int(np.prod(shape, dtype=np.int64)):
+        raise PteRunError(f"{what}: {array.nbytes} bytes recorded, expected {spec.nbytes}")
+    return array.reshape(shape)

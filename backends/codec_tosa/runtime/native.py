@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NativeBuildError", "build", "load", "library_path"]
+__all__ = ["NativeBuildError", "build", "load", "library_path", "payload_hash", "record"]
 
 _HERE = Path(__file__).resolve().parent
 SOURCE_DIR = _HERE / "cpp"
@@ -117,7 +117,8 @@ def _command(tc: _Toolchain, output: Path) -> list[str]:
         "-O2",
         "-fPIC",
         "-shared",
-        # Only the registration check is exported; everything else, including
+        # Only the C entry points (registration check, recorder switch) are
+        # exported; everything else, including
         # the statically linked reference model (--exclude-libs), stays private
         # so it cannot clash with the copy inside the tosa_reference_model
         # Python extension when both are loaded in one process.
@@ -218,6 +219,36 @@ def load() -> Path:
             )
         _loaded, _handle = path, handle
         return path
+
+
+def record(directory: str | os.PathLike[str] | None) -> None:
+    """Make every CodecTosaBackend delegate call record its input and output
+    bytes into ``directory`` (an existing directory), or stop recording (None).
+
+    Either way the library's call counter restarts at 0. The file layout is the
+    C++ ``Recorder``'s (codec_tosa_backend.cpp); ``executorch_runner.
+    run_pte_recorded`` reads it back (docs/DESIGN.md, "Validation").
+    """
+    load()
+    assert _handle is not None
+    entry = _handle.codec_tosa_record
+    entry.argtypes = [ctypes.c_char_p]
+    entry.restype = None
+    entry(None if directory is None else os.fsencode(directory))
+
+
+def payload_hash(payload: bytes) -> str:
+    """The FNV-1a 64 hash (16 hex digits) by which a recording names the delegate
+    whose processed payload is ``payload``; computed by the library itself so
+    that the two sides cannot drift apart."""
+    load()
+    assert _handle is not None
+    entry = _handle.codec_tosa_payload_hash
+    entry.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]
+    entry.restype = None
+    out = ctypes.create_string_buffer(17)
+    entry(payload, len(payload), out)
+    return out.value.decode()
 
 
 def _main(argv: list[str] | None = None) -> int:

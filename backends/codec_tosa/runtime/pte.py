@@ -34,6 +34,7 @@ class DelegateCallInfo:
 
     delegate_id: str
     tensor_args: tuple[int, ...]
+    delegate_index: int = -1  # position among the plan's delegates (Delegate.index)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class PteInfo:
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
     delegate_calls: tuple[DelegateCallInfo, ...] = ()
+    method: str = ""  # the name of that first plan
 
     @property
     def needs_quantized_kernels(self) -> bool:
@@ -74,13 +76,14 @@ def inspect_pte(data: bytes) -> PteInfo:
         DelegateCallInfo(
             plan.delegates[instr.instr_args.delegate_index].id,
             tuple(a for a in instr.instr_args.args if isinstance(plan.values[a].val, schema.Tensor)),
+            instr.instr_args.delegate_index,
         )
         for chain in plan.chains
         for instr in chain.instructions
         if isinstance(instr.instr_args, schema.DelegateCall)
     )
     return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
-                   outputs=tuple(plan.outputs), delegate_calls=calls)
+                   outputs=tuple(plan.outputs), delegate_calls=calls, method=plan.name)
 
 
 def read_pte(path: str | Path) -> bytes:

@@ -268,6 +268,20 @@ def entry_io_counts(buf: bytes) -> tuple[int, int]:
     return block.InputsLength(), block.OutputsLength()
 
 
+def entry_io_tensors(buf: bytes) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The inputs and outputs of the block a runner executes (as `entry_io_counts`
+    picks it), in the block's declared order: the order in which the reference
+    model takes and returns them and the C++ runtime backend records them."""
+    graph = _graph(buf)
+    if not graph.RegionsLength() or not graph.Regions(0).BlocksLength():
+        raise ValueError("TOSA flatbuffer has no main block")
+    block = graph.Regions(0).Blocks(0)
+    tensors = _block_tensors(block)
+    inputs = [tensors[_decode(block.Inputs(i))] for i in range(block.InputsLength())]
+    outputs = [tensors[_decode(block.Outputs(i))] for i in range(block.OutputsLength())]
+    return inputs, outputs
+
+
 def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
     """Every operator of every block, in flatbuffer order, with its traffic."""
     for region, block_name, block in _walk(_graph(buf)):

@@ -4,9 +4,15 @@
 // Loading this shared library registers the backend (static initialiser below)
 // in the registry of the libexecutorch.so it links against, which is the one
 // the ExecuTorch Python bindings use.
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <executorch/runtime/backend/interface.h>
@@ -106,6 +112,108 @@ bool check_tensor(
   return true;
 }
 
+// FNV-1a 64 of the processed payload, in hex: how a recorded call names its
+// delegate. runtime/executorch_runner.py computes the same hash over each
+// payload it reads from the .pte and matches the two.
+std::string payload_hash(const void* data, size_t size) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016" PRIx64, hash);
+  return text;
+}
+
+// What init hands back as the DelegateHandle: the program and the hash that
+// names it in recordings.
+struct Delegate {
+  std::unique_ptr<TosaProgram> program;
+  std::string hash;
+};
+
+// The opt-in recorder behind codec_tosa_record (docs/DESIGN.md, "Validation"):
+// validate runs every delegate on the TOSA reference model with the inputs it
+// really received, including values the CPU computed. Off unless a directory
+// is set. A mutex guards the state, so concurrent executes get distinct call
+// numbers; recording is for validation, not for speed.
+//
+// For call N (counted from 0 since recording was last enabled) of the
+// delegate with payload hash H it writes
+//   call-NNNNNN-H-in<i>.bin / -out<i>.bin   raw tensor bytes, block order
+// and appends one line per tensor to manifest.tsv:
+//   N <tab> H <tab> in|out <tab> i <tab> dtype <tab> d0,d1,... <tab> file
+// Outputs are written only after a successful run. A write that fails is
+// logged and skipped: recording never fails the run.
+class Recorder {
+ public:
+  void set(const char* dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dir_ = (dir != nullptr) ? dir : "";
+    next_call_ = 0;
+  }
+
+  // Reserves a call number; -1 when recording is off.
+  int64_t begin_call() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return dir_.empty() ? -1 : next_call_++;
+  }
+
+  void write(
+      int64_t call, const std::string& hash, const char* role, size_t index,
+      const TensorSpec& spec, const void* data) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (dir_.empty()) {
+      return;
+    }
+    char name[96];
+    std::snprintf(
+        name, sizeof name, "call-%06" PRId64 "-%s-%s%zu.bin", call,
+        hash.c_str(), role, index);
+    const std::string path = dir_ + "/" + name;
+    if (!write_file(path, "wb", data, spec.nbytes)) {
+      return;
+    }
+    std::string dims;
+    for (size_t d = 0; d < spec.shape.size(); ++d) {
+      dims += (d ? "," : "") + std::to_string(spec.shape[d]);
+    }
+    const std::string line = std::to_string(call) + "\t" + hash + "\t" + role +
+        "\t" + std::to_string(index) + "\t" + element_type_name(spec.type) +
+        "\t" + dims + "\t" + name + "\n";
+    write_file(dir_ + "/manifest.tsv", "ab", line.data(), line.size());
+  }
+
+ private:
+  static bool write_file(
+      const std::string& path, const char* mode, const void* data,
+      size_t size) {
+    std::FILE* file = std::fopen(path.c_str(), mode);
+    bool ok = file != nullptr &&
+        (size == 0 || std::fwrite(data, 1, size, file) == size);
+    const int saved = errno;
+    if (file != nullptr && std::fclose(file) != 0) {
+      ok = false;
+    }
+    if (!ok) {
+      ET_LOG(
+          Error, "%s: recording: cannot write %s: %s", kBackendId,
+          path.c_str(), std::strerror(saved));
+    }
+    return ok;
+  }
+
+  std::mutex mutex_;
+  std::string dir_;
+  int64_t next_call_ = 0;
+};
+
+Recorder& recorder() {
+  static Recorder instance;
+  return instance;
+}
+
 class CodecTosaBackend final : public BackendInterface {
  public:
   bool is_available() const override {
@@ -120,13 +228,18 @@ class CodecTosaBackend final : public BackendInterface {
     std::string error;
     std::unique_ptr<TosaProgram> program =
         TosaProgram::parse(processed->data(), processed->size(), &error);
+    std::string hash = payload_hash(processed->data(), processed->size());
     // TosaProgram keeps its own copy, so the blob can go now.
     processed->Free();
     if (!program) {
       ET_LOG(Error, "%s: cannot load delegate: %s", kBackendId, error.c_str());
       return Error::DelegateInvalidCompatibility;
     }
-    return static_cast<DelegateHandle*>(program.release());
+    auto* delegate = new (std::nothrow) Delegate{std::move(program), std::move(hash)};
+    if (delegate == nullptr) {
+      return Error::MemoryAllocationFailed;
+    }
+    return static_cast<DelegateHandle*>(delegate);
   }
 
   Error execute(
@@ -136,7 +249,8 @@ class CodecTosaBackend final : public BackendInterface {
     if (handle == nullptr) {
       return Error::DelegateInvalidHandle;
     }
-    TosaProgram& program = *static_cast<TosaProgram*>(handle);
+    const Delegate& delegate = *static_cast<Delegate*>(handle);
+    TosaProgram& program = *delegate.program;
     const size_t n_in = program.inputs().size();
     const size_t n_out = program.outputs().size();
 
@@ -174,16 +288,26 @@ class CodecTosaBackend final : public BackendInterface {
       outputs[i] = out.mutable_data_ptr();
     }
 
+    // Inputs are recorded before the run, so a call that fails still leaves
+    // what it was given.
+    const int64_t call = recorder().begin_call();
+    for (size_t i = 0; call >= 0 && i < n_in; ++i) {
+      recorder().write(call, delegate.hash, "in", i, program.inputs()[i], inputs[i]);
+    }
+
     std::string error;
     if (!program.run(inputs, outputs, &error)) {
       ET_LOG(Error, "%s: execution failed: %s", kBackendId, error.c_str());
       return Error::Internal;
     }
+    for (size_t i = 0; call >= 0 && i < n_out; ++i) {
+      recorder().write(call, delegate.hash, "out", i, program.outputs()[i], outputs[i]);
+    }
     return Error::Ok;
   }
 
   void destroy(DelegateHandle* handle) const override {
-    delete static_cast<TosaProgram*>(handle);
+    delete static_cast<Delegate*>(handle);
   }
 };
 
@@ -215,4 +339,20 @@ const bool kRegistered = [] {
 extern "C" __attribute__((visibility("default"))) int
 codec_tosa_backend_registered() {
   return codec_tosa::kRegistered ? 1 : 0;
+}
+
+// Turns the recorder on (a directory that exists) or off (NULL or ""); either
+// way the call counter restarts at 0. See Recorder for what is written.
+extern "C" __attribute__((visibility("default"))) void codec_tosa_record(
+    const char* dir) {
+  codec_tosa::recorder().set(dir);
+}
+
+// The hash a recording names a delegate by, over any bytes: Python hashes the
+// payloads it reads from the .pte with this same code rather than a copy of it.
+// `out` receives 16 hex digits and a NUL.
+extern "C" __attribute__((visibility("default"))) void codec_tosa_payload_hash(
+    const void* data, size_t size, char* out) {
+  const std::string hash = codec_tosa::payload_hash(data, size);
+  std::memcpy(out, hash.c_str(), hash.size() + 1);
 }
