@@ -27,8 +27,9 @@ $(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
 
 setup: $(STAMP)
 
+# both cores, one torch thread each; tests of one file share a worker (and its cached lowerings)
 test: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 # the long fuzz profile (issue 6): about FUZZ_EXAMPLES compiled random modules,
 # in two single-threaded processes (one per core), logs in fuzz-*.log; each
