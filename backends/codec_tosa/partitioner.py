@@ -10,7 +10,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from torch.export import ExportedProgram
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
@@ -59,6 +59,7 @@ class CodecTosaPartitioner(Partitioner):
         return self._arm.ops_to_not_decompose(ep)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        progress.stage(progress.PLACEMENT)
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
         self._real_state.update(_lifted_constants(ep))
