@@ -30,7 +30,10 @@ class CodecTosaPartitioner(Partitioner):
     def __init__(self, spec: CodecSpec | None = None,
                  calibration: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         self.codec_spec = spec or CodecSpec()
-        self.calibration = [tuple(c) for c in calibration] if calibration is not None else None
+        # a bare tensor stays as it is, for check_calibration to name the mistake
+        # (tuple() would split it into slices and report a shape instead)
+        self.calibration = ([c if isinstance(c, torch.Tensor) else tuple(c) for c in calibration]
+                            if calibration is not None else None)
         self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
         self._arm = arm_adapter.stock_partitioner(self.arm_spec, additional_checks=[_NoEmptyTensors()])
         self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
