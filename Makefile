@@ -35,11 +35,13 @@ test: $(STAMP)
 # in two single-threaded processes (one per core), logs in fuzz-*.log; each
 # passing example is recorded in fuzz-results.jsonl and summarised at the end
 FUZZ_EXAMPLES ?= 300
+# each compiled example is validated on its example input and this many held-out samples
+FUZZ_SAMPLES ?= 16
 FUZZ_SHARDS := "Z- or Y- or analysis or wires or recipes" "X- or W-"
 fuzz: $(STAMP)
 	@rm -f fuzz-results.jsonl; pids=; n=0; for k in $(FUZZ_SHARDS); do n=$$((n+1)); \
 	  echo "fuzz shard $$n: -k $$k (log fuzz-$$n.log)"; \
-	  CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CODEC_TOSA_FUZZ_RECORD=$(CURDIR)/fuzz-results.jsonl \
+	  CODEC_TOSA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CODEC_TOSA_FUZZ_SAMPLES=$(FUZZ_SAMPLES) CODEC_TOSA_FUZZ_RECORD=$(CURDIR)/fuzz-results.jsonl \
 	    OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:logging --hypothesis-show-statistics \
 	    tests/fuzz/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \

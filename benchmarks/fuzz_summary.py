@@ -33,6 +33,9 @@ def summarise(lines: list[dict[str, Any]]) -> dict[str, Any]:
             "outputs_compared_on_reference_model": sum(
                 e["outputs_compared_on_reference_model"] for e in examples),
             "worst_fraction_of_tolerance": max(e["max_fraction_of_tolerance"] for e in examples),
+            # validate's verdict (older records have none) and the worst |out - simulation| in steps
+            "incomplete": sum(e.get("verdict") == "INCOMPLETE" for e in examples),
+            "worst_steps": max(e.get("max_steps", 0.0) for e in examples),
         }
     kinds = Counter(k for line in lines for k in line["steps"])
     cpu_ops = Counter(op for line in lines for op in line["cpu_operators"])
@@ -43,12 +46,13 @@ def summarise(lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any]) -> str:
     head = ("| policy/placement | examples | delegated | >1 delegate | CPU ops | reference model ran "
-            "| outputs compared on it | worst deviation / tolerance |")
+            "| outputs compared on it | worst deviation / tolerance | INCOMPLETE | worst steps |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in summary["combinations"].items():
         out.append(f"| {name} | {r['examples']} | {r['delegated']} | {r['several_delegates']} | "
                    f"{r['with_cpu_operators']} | {r['reference_model_ran']} | "
-                   f"{r['outputs_compared_on_reference_model']} | {r['worst_fraction_of_tolerance']:.2g} |")
+                   f"{r['outputs_compared_on_reference_model']} | {r['worst_fraction_of_tolerance']:.2g} | "
+                   f"{r['incomplete']} | {r['worst_steps']:.2g} |")
     out.append(f"\n{summary['examples']} compiled examples recorded (only passing ones are). "
                "Operators in the recipes: "
                + ", ".join(f"{k} {v}" for k, v in summary["operators_in_recipes"].items()) + ".")

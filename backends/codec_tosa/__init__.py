@@ -8,6 +8,13 @@ Arm backend (analysing a program still loads the parts of executorch it uses).
 
 from typing import Any
 
+from codec_tosa.tools.model_libs import repair_torchvision
+
+# torchvision's CUDA wheel cannot import beside CPU torch unless two operator
+# schemas exist first; define them (only where its C extension cannot load),
+# so that `import codec_tosa` then `import torchvision` works
+repair_torchvision()
+
 from codec_tosa.analysis import Analysis, analyze
 from codec_tosa.commutation import CommutationTable, PolicyOrder, Row
 from codec_tosa.placement import PLACEMENTS

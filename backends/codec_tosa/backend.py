@@ -9,7 +9,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.materialize_codecs import materialize
 from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_options
@@ -29,6 +29,7 @@ def lower_to_tosa(edge_program: ExportedProgram, arm_spec: Any, pool_constants: 
     Returns the flatbuffer and what pooling saved (None when pooling is off).
     Shared by `CodecTosaBackend` and the VGF target (docs/DESIGN.md, "The flow").
     """
+    progress.delegate_lowering()
     planned = has_plan(edge_program.graph_module)
     if planned:
         edge_program = materialize(edge_program)

@@ -51,6 +51,13 @@ def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[torch.
     expected = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
                 and n.name in ep.graph_signature.user_inputs]
     for i, inputs in enumerate(calibration):
+        if isinstance(inputs, torch.Tensor) or not isinstance(inputs, (tuple, list)):
+            # a bare tensor would be read as a sequence of its first dimension's slices
+            got = f"a tensor of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) \
+                else type(inputs).__name__
+            raise CalibrationError(
+                f"calibration input {i} is {got}: each entry must be a tuple of tensors, one per "
+                f"program input (e.g. calibration=[(x,), (y,)]; the program takes {len(expected)})")
         if len(inputs) != len(expected):
             raise CalibrationError(
                 f"calibration input {i}: {len(inputs)} tensors, the program takes {len(expected)}")

@@ -10,7 +10,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from torch.export import ExportedProgram
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
 from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa.backend import BACKEND_ID
@@ -31,7 +31,10 @@ class CodecTosaPartitioner(Partitioner):
     def __init__(self, spec: CodecSpec | None = None,
                  calibration: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         self.codec_spec = spec or CodecSpec()
-        self.calibration = [tuple(c) for c in calibration] if calibration is not None else None
+        # a bare tensor stays as it is, for check_calibration to name the mistake
+        # (tuple() would split it into slices and report a shape instead)
+        self.calibration = ([c if isinstance(c, torch.Tensor) else tuple(c) for c in calibration]
+                            if calibration is not None else None)
         self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
         # An integer-only spec plans here and delegates in a second step
         # (`IntegerPartitioner`): Arm's INT operator support takes only a graph
@@ -68,6 +71,7 @@ class CodecTosaPartitioner(Partitioner):
         return self._arm.ops_to_not_decompose(ep)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        progress.stage(progress.PLACEMENT)
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
         self._real_state.update(_lifted_constants(ep))

@@ -5,6 +5,9 @@ the compiled .pte validated on the TOSA reference model and in the ExecuTorch
 runtime (`validate`: Z within 1e-4 relative of eager; Y/X/W within one
 quantisation step of the PyTorch simulation of the plan).
 
+Every compiled example is validated on its example input and held-out samples
+(`validate --samples`): 2 in the fast profile, 16 in the long one.
+
 Fast profile (CI, `make test`): a few examples per policy/placement, derandomised.
 Long profile (`make fuzz`): CODEC_TOSA_FUZZ_EXAMPLES=N runs about N compiled
 examples in all, randomly.
@@ -33,7 +36,8 @@ from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import PteInfo, inspect_pte
 from codec_tosa.runtime.pte import delegate_payload
 
-from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, validate
+from codec_tosa.tools.samples import held_out_inputs
+from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 
@@ -44,6 +48,8 @@ LONG = int(os.environ.get("CODEC_TOSA_FUZZ_EXAMPLES", "0"))
 RECORD = os.environ.get("CODEC_TOSA_FUZZ_RECORD")
 COMBOS = [("Z", COALESCE)] + [(p, pl) for p in "YXW" for pl in PLACEMENTS]
 FAST_PER_COMBO = 2  # 20 compiled examples in CI
+# held-out samples per compiled example: simulate and run are milliseconds on these modules
+SAMPLES = int(os.environ.get("CODEC_TOSA_FUZZ_SAMPLES", "16" if LONG else "2"))
 PER_COMBO = max(1, math.ceil(LONG / len(COMBOS))) if LONG else FAST_PER_COMBO
 SETTINGS = settings(
     max_examples=PER_COMBO, deadline=None, derandomize=not LONG, database=None,
@@ -72,9 +78,10 @@ def compile_and_validate(recipe: Recipe, policy: str, placement: str, out: Path)
     v = compile_and_validate_module(model, inputs, recipe.seed, policy, placement, out, str(recipe))
     info = inspect_pte((out / PTE).read_bytes()) if v is not None else None
     if info is not None and not info.operators and len(info.delegate_ids) == 1:
-        # one delegate is the whole program, so its inputs are program
-        # inputs: the reference model must have run
+        # one delegate is the whole program, so its inputs and outputs are the
+        # program's: everything must have been compared
         assert v is not None and v.reference_model_ran, recipe
+        assert v.verdict is Verdict.PASS, "\n".join(v.lines())
     if RECORD:
         record(recipe, policy, placement, v, info)
 
@@ -86,6 +93,8 @@ def record(recipe: Recipe, policy: str, placement: str, v: Validation | None, in
         "outputs": len(recipe.outputs), "delegates": len(info.delegate_ids) if info else 0,
         "cpu_operators": sorted(set(info.operators)) if info else [],
         "reference_model_ran": bool(v and v.reference_model_ran),
+        "verdict": v.verdict.value if v else None,
+        "max_steps": max((o.steps or 0.0 for o in v.outputs), default=0.0) if v else 0.0,
         "outputs_compared_on_reference_model": sum(
             not math.isnan(o.ref_vs_runtime_max_abs) for o in v.outputs) if v else 0,
         "max_fraction_of_tolerance": max(
@@ -117,12 +126,21 @@ def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tens
         assert not part.placement or not part.placement.plan.codecs, what
         return None
     simulated = simulate(part, inputs)
+    held_out = held_out_inputs(inputs, SAMPLES)
+    with torch.no_grad():
+        sample_eager = [list(model(*x)) for x in held_out]
+    sample_simulated = [simulate(part, x) for x in held_out]
     out.mkdir(parents=True, exist_ok=True)
     (out / PTE).write_bytes(lowered.pte)
-    np.savez(out / REFERENCE_IO, **reference_io(inputs, eager, simulated, (part.output_steps(fp32_steps(eager)) if part is not None else fp32_steps(eager))))
+    steps = part.output_steps(fp32_steps(eager)) if part is not None else fp32_steps(eager)
+    np.savez(out / REFERENCE_IO, **reference_io(inputs, eager, simulated, steps, None, held_out,
+                                                sample_eager, sample_simulated))
     v = validate(out / PTE)
     report = "\n".join(v.lines()) + f"\n{what}"
-    assert v.ok, report
+    # every delegate call is recorded by the runtime and run on the reference
+    # model, and every output has eager and the simulation: all is compared
+    assert v.verdict is Verdict.PASS, report
+    assert v.cases == 1 + SAMPLES, report
     assert v.expected == ("eager" if policy == "Z" else "simulation"), report
     assert len(v.outputs) == len(eager), report
     return v

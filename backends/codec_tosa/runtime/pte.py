@@ -38,6 +38,20 @@ class DelegateCallInfo:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one program input, as the execution plan declares it."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name ("float32", "int64", ...), so this module needs no torch
+
+
+# executorch ScalarType names -> torch dtype names (the types a program input can have)
+_SCALAR_TYPES = {"BYTE": "uint8", "CHAR": "int8", "SHORT": "int16", "INT": "int32", "LONG": "int64",
+                 "HALF": "float16", "FLOAT": "float32", "DOUBLE": "float64", "BOOL": "bool",
+                 "BFLOAT16": "bfloat16", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64"}
+
+
+@dataclass(frozen=True)
 class PteInfo:
     """What the runner needs to know about a program before loading it."""
 
@@ -48,6 +62,8 @@ class PteInfo:
     outputs: tuple[int, ...] = ()
     delegate_calls: tuple[DelegateCallInfo, ...] = ()
     method: str = ""  # the name of that first plan
+    # per program input: its tensor spec, or None (a scalar or other non-tensor input)
+    input_specs: tuple[TensorSpec | None, ...] = ()
 
     @property
     def needs_quantized_kernels(self) -> bool:
@@ -83,7 +99,17 @@ def inspect_pte(data: bytes) -> PteInfo:
         if isinstance(instr.instr_args, schema.DelegateCall)
     )
     return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
-                   outputs=tuple(plan.outputs), delegate_calls=calls, method=plan.name)
+                   outputs=tuple(plan.outputs), delegate_calls=calls, method=plan.name,
+                   input_specs=tuple(_tensor_spec(plan.values[i].val) for i in plan.inputs))
+
+
+def _tensor_spec(val: Any) -> TensorSpec | None:
+    from executorch.exir import schema
+
+    if not isinstance(val, schema.Tensor):
+        return None
+    name = getattr(val.scalar_type, "name", str(val.scalar_type))
+    return TensorSpec(tuple(int(d) for d in val.sizes), _SCALAR_TYPES.get(name, name.lower()))
 
 
 def read_pte(path: str | Path) -> bytes:
@@ -162,5 +188,5 @@ def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
     return PoolingStats.from_json(bytes(named.buffers[entry.buffer_index]).decode())
 
 
-__all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "delegate_payload",
+__all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "TensorSpec", "delegate_payload",
            "delegate_provenance", "delegates", "inspect_pte", "read_pooling_stats", "read_pte"]

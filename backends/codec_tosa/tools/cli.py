@@ -12,6 +12,14 @@ from codec_tosa.placement.domains import PLACEMENTS
 from codec_tosa.units import MIB
 
 DEFAULT_MODEL = "tiny_shufflenet"
+DEFAULT_SAMPLES = 16  # as codec_tosa.tools.samples (not imported here: it loads torch)
+
+
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {n}")
+    return n
 
 
 class CliError(Exception):
@@ -87,10 +95,13 @@ def _spec(args: argparse.Namespace):
 def cmd_compile(args: argparse.Namespace) -> int:
     from codec_tosa.tools.compiler import compile_model
 
-    result = compile_model(args.model, _spec(args), args.out)
+    result = compile_model(args.model, _spec(args), args.out,
+                           samples=getattr(args, "samples", DEFAULT_SAMPLES))
     extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
           f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}{extra}")
+    for w in result.warnings:
+        print(f"codec-tosa compile: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -99,19 +110,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from codec_tosa.tools.validate import validate
 
-    inputs = None
+    inputs = module = None
     if args.inputs:
         import numpy as np
 
         data = np.load(args.inputs)
-        inputs = [torch.from_numpy(data[k]) for k in sorted(data.files) if k.startswith("input_")]
-    elif args.model:
+        n = sum(k.startswith("input_") for k in data.files)  # input_10 sorts before input_2
+        inputs = [torch.from_numpy(data[f"input_{i}"]) for i in range(n)]
+    if args.model:
         from codec_tosa.tools.loading import load_and_export
 
-        inputs = list(load_and_export(args.model).inputs)
-    v = validate(args.pte, inputs=inputs)
+        loaded = load_and_export(args.model)
+        module, inputs = loaded.module, inputs or list(loaded.inputs)
+    v = validate(args.pte, inputs=inputs, samples=getattr(args, "samples", None), module=module)
     print("\n".join(v.lines()))
-    return 0 if v.ok else 1
+    return v.exit_status
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -132,9 +145,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
     cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
                                    tosa=None, fused_transcode=False, no_pool=False, table=None, out=out,
-                                   target="tosa", symmetric_activations=False))
+                                   target="tosa", symmetric_activations=False, samples=DEFAULT_SAMPLES))
     print(f"\n== codec-tosa validate {out / 'model.pte'}")
-    status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None))
+    status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None,
+                                             samples=None))
     print(f"\n== codec-tosa report {out / 'model.pte'}")
     cmd_report(argparse.Namespace(pte=str(out / "model.pte")))
     return status
@@ -177,13 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "VgfBackend (ML SDK for Vulkan), with model.vgf and model.tosa beside the .pte; "
                         "an Ethos-U accelerator (ethos-u55-128, ethos-u85-256, ...): Arm's EthosUBackend "
                         "(Vela), with model.tosa beside the .pte; needs --policy I")
+    c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,
+                   help="seeded held-out inputs stored with their eager and simulated outputs for validate")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 
     v = sub.add_parser("validate", help="run a .pte on the TOSA reference model and in the runtime")
     v.add_argument("pte")
-    v.add_argument("--model", help="rebuild the model's example inputs")
+    v.add_argument("--model", help="rebuild the model (built-in name or file.py:function): its example and "
+                   "held-out samples, compared with FP32 eager")
     v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
+    v.add_argument("--samples", type=_count, default=None,
+                   help="held-out samples besides the example (default: all that compile stored, "
+                        f"or {DEFAULT_SAMPLES} drawn)")
+    v.epilog = "exit status: 0 PASS, 1 FAIL, 3 INCOMPLETE (something could not be compared), 2 error"
     v.set_defaults(func=cmd_validate)
 
     r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegates (any backend)")

@@ -8,13 +8,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
 
+from codec_tosa import progress as lowering_progress  # compile_model has a `progress` flag
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
@@ -22,12 +23,15 @@ from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.loading import load_and_export
 from codec_tosa.tools.report import program_delegates
+from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
 from codec_tosa.units import MIB
 
 PTE = "model.pte"
 REPORT = "report.json"
 REFERENCE_IO = "reference_io.npz"
 TOSA = "model.tosa"  # an Ethos-U target's TOSA, as Vela was given it
+# the bar's steps; a lowering reports its delegates as "TOSA lowering: delegate k"
+STAGES = ("export", lowering_progress.PLACEMENT, "TOSA lowering", lowering_progress.SERIALISATION, "reference outputs")
 
 
 @dataclass
@@ -35,6 +39,7 @@ class CompileResult:
     out_dir: Path
     report: dict[str, Any]
     files: tuple[str, ...] = ()  # written beside the .pte besides report.json and reference_io.npz
+    warnings: list[str] = field(default_factory=list)  # e.g. an output's SQNR below the floor
 
     @property
     def pte(self) -> Path:
@@ -52,28 +57,33 @@ class Lowered:
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
-                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+                  calibration: Sequence[Sequence[torch.Tensor]] | None,
+                  on_stage: lowering_progress.Callback | None = None) -> Lowered:
     """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`.
 
     `spec.target` "vgf" delegates to Arm's VgfBackend instead (our plan and
     TOSA lowering, Arm's model-converter) and keeps each delegate's VGF and
     TOSA; an integer-only spec (policy I, an Ethos-U target) materialises the
-    plan first and lets Arm's stock INT partitioner delegate."""
+    plan first and lets Arm's stock INT partitioner delegate. `on_stage` is
+    called with each stage as it starts: placement + calibration, the TOSA
+    lowering of each delegate, serialisation (`codec_tosa.progress`)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    if spec.target == "vgf":
-        return _lower_to_vgf(program, spec, calibration)
+    with lowering_progress.reporting(on_stage):
+        if spec.target == "vgf":
+            return _lower_to_vgf(program, spec, calibration)
 
-    from codec_tosa.partitioner import CodecTosaPartitioner
+        from codec_tosa.partitioner import CodecTosaPartitioner
 
-    if spec.integer_only:
-        return _lower_integer(program, spec, calibration)
-    part = CodecTosaPartitioner(spec, calibration=calibration)
-    t = time.perf_counter()
-    edge = to_edge_transform_and_lower(program, partitioner=[part])
-    lowering = time.perf_counter() - t
-    t = time.perf_counter()
-    pte = edge.to_executorch().buffer
+        if spec.integer_only:
+            return _lower_integer(program, spec, calibration)
+        part = CodecTosaPartitioner(spec, calibration=calibration)
+        t = time.perf_counter()
+        edge = to_edge_transform_and_lower(program, partitioner=[part])
+        lowering = time.perf_counter() - t
+        t = time.perf_counter()
+        lowering_progress.stage(lowering_progress.SERIALISATION)
+        pte = edge.to_executorch().buffer
     return Lowered(pte, part.planned, lowering, time.perf_counter() - t)
 
 
@@ -171,38 +181,61 @@ def _vela_error_line(log: str) -> str:
 
 
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
-                  progress: bool = True) -> CompileResult:
+                  progress: bool = True, samples: int = DEFAULT_SAMPLES,
+                  on_stage: Callable[[str], None] | None = None) -> CompileResult:
     """Export, partition (placement + calibration), lower and serialise; write the artefacts.
+
+    reference_io.npz holds the example input and `samples` seeded held-out
+    inputs (`tools.samples`) with their eager and simulated outputs, for
+    `validate` (docs/DESIGN.md, "Validation"). `on_stage` is called with each
+    stage as it starts (export, the lowering's stages, reference outputs);
+    `progress` shows them on a bar.
 
     Everything is written to a temporary directory first and moved into
     `out_dir` only when complete, so a failure leaves no partial artefact.
     """
     out = Path(out_dir)
-    steps = tqdm(total=4, desc="export", disable=not progress, leave=False)
+    bar = tqdm(total=len(STAGES), desc="export", disable=not progress, leave=False)
+    done: set[str] = set()
+
+    def stage(name: str) -> None:
+        # a delegate's lowering is one step of the bar however many delegates there are
+        kind = name.split(":")[0]
+        if kind not in done and kind in STAGES:
+            done.add(kind)
+            bar.n = STAGES.index(kind)
+            bar.refresh()
+        bar.set_description(name)
+        if on_stage is not None:
+            on_stage(name)
+
     # closed on failure too: a bar left open would share the error's line
     try:
         times: dict[str, float] = {}
         t = time.perf_counter()
+        stage("export")
         loaded = load_and_export(model)
         times["export_s"] = time.perf_counter() - t
-        steps.update()
 
-        steps.set_description("calibration + lowering + serialisation")
         calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
-        lowered = lower_program(loaded.program, spec, calib)
+        lowered = lower_program(loaded.program, spec, calib, on_stage=stage)
         pte, planned = lowered.pte, lowered.planned
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
-        steps.update(2)
 
-        steps.set_description("reference outputs")
+        stage("reference outputs")
+        held_out = held_out_inputs(loaded.inputs, samples)
         with torch.no_grad():
             eager = _as_list(loaded.module(*loaded.inputs))
+            sample_eager = [_as_list(loaded.module(*x)) for x in held_out]
         simulated = simulate(planned, loaded.inputs) if planned is not None else eager
+        sample_simulated = ([simulate(planned, x) for x in held_out] if planned is not None
+                            else sample_eager)
         sensitivity = (rounding_sensitivity(planned, loaded.inputs, simulated)
                        if planned is not None and not spec.reference else None)
-        steps.update()
+        bar.n = len(STAGES)
+        bar.refresh()
     finally:
-        steps.close()
+        bar.close()
 
     report: dict[str, Any] = {
         "model": model,
@@ -233,14 +266,17 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         for name, data in lowered.files.items():
             (tmp / name).write_bytes(data)
         np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
-                                                     sensitivity))
+                                                     sensitivity, held_out, sample_eager, sample_simulated))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT, *lowered.files):
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return CompileResult(out, report, tuple(lowered.files))
+    # the simulation is bit-exact with the artefact (validate checks it), so its
+    # SQNR is the artefact's
+    warnings = sqnr_warnings([eager, *sample_eager], [simulated, *sample_simulated])
+    return CompileResult(out, report, tuple(lowered.files), warnings)
 
 
 def backend_id(spec: CodecSpec) -> str:
@@ -254,13 +290,40 @@ def backend_id(spec: CodecSpec) -> str:
 
 def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
                  simulated: Sequence[torch.Tensor], steps: Sequence[float],
-                 sensitivity: Sequence[float] | None = None) -> dict[str, np.ndarray]:
-    """The arrays of reference_io.npz, as `validate` reads them."""
-    return {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
-            **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
-            **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
-            **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)},
-            **{f"sensitivity_{i}": np.float64(s) for i, s in enumerate(sensitivity or ())}}
+                 sensitivity: Sequence[float] | None = None,
+                 sample_inputs: Sequence[Sequence[torch.Tensor]] = (),
+                 sample_eager: Sequence[Sequence[torch.Tensor]] = (),
+                 sample_simulated: Sequence[Sequence[torch.Tensor]] = ()) -> dict[str, np.ndarray]:
+    """The arrays of reference_io.npz, as `validate` reads them: the example's
+    input_i, eager_i, simulated_i; the held-out samples stacked on a leading
+    sample axis as sample_input_i, sample_eager_i, sample_simulated_i; per
+    output its step_i and sensitivity_i."""
+    arrays = {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
+              **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
+              **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
+              **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)},
+              **{f"sensitivity_{i}": np.float64(s) for i, s in enumerate(sensitivity or ())}}
+    for name, cases in (("input", sample_inputs), ("eager", sample_eager), ("simulated", sample_simulated)):
+        if cases:
+            for i in range(len(cases[0])):
+                arrays[f"sample_{name}_{i}"] = np.stack([c[i].detach().numpy() for c in cases])
+    return arrays
+
+
+def sqnr_warnings(eager: Sequence[Sequence[torch.Tensor]], approx: Sequence[Sequence[torch.Tensor]]
+                  ) -> list[str]:
+    """A warning per output whose worst SQNR against FP32 eager, over the given
+    cases, is below `SQNR_FLOOR_DB`."""
+    from codec_tosa.tools.validate import sqnr_warning, sqnr_db
+
+    out = []
+    for i in range(len(eager[0]) if eager else 0):
+        worst = min(sqnr_db(e[i].detach().numpy(), a[i].detach().numpy().reshape(e[i].shape))
+                    for e, a in zip(eager, approx))
+        w = sqnr_warning(i, worst, "the simulation of the plan")
+        if w:
+            out.append(w)
+    return out
 
 
 def one_ulp_away(inputs: Sequence[torch.Tensor], seed: int = 0) -> tuple[torch.Tensor, ...]:

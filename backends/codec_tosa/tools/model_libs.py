@@ -37,13 +37,48 @@ def _defined(name: str) -> bool:
 
 def prepare() -> None:
     """Make torchvision importable and keep Hugging Face offline. Idempotent."""
-    global _LIBRARY
     # Builders use random weights: never let transformers/timm reach the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # transformers imports torchao, whose CUDA-only kernels cannot load beside
     # CPU torch either; it logs one warning per library. Expected: silence it.
     logging.getLogger("torchao").setLevel(logging.ERROR)
+    _define_schemas()
+
+
+def repair_torchvision() -> None:
+    """What `import codec_tosa` does: define the two schemas only when torchvision
+    is installed, not yet imported, and its C extension cannot load here. Where
+    the extension loads, defining them first would make its own registration
+    fail and leave torchvision without its kernels, so it is left alone. No
+    environment change (unlike `prepare`): importing a library must not switch
+    the user's Hugging Face hub offline."""
+    import ctypes
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "torchvision" in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return
+    if spec is None or spec.origin is None:
+        return
+    extensions = sorted(Path(spec.origin).parent.glob("_C*.so"))
+    try:
+        for so in extensions:
+            ctypes.CDLL(str(so))  # what torchvision's import does first (torch.ops.load_library)
+        if extensions:
+            return
+    except OSError:
+        pass  # e.g. a CUDA build beside CPU torch: libcudart or a CUDA torch symbol is missing
+    _define_schemas()
+
+
+def _define_schemas() -> None:
+    global _LIBRARY
     missing = [name for name in _SCHEMAS if not _defined(name)]
     if not missing:
         return

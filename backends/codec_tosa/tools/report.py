@@ -139,15 +139,24 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
     holds no TOSA delegate."""
     data = read_pte(pte)
     found = program_delegates(data, str(pte))
-    others = [f"{d.backend_id} (method {d.method}, {d.payload_bytes} bytes)" for d in found.other]
-    if not found.tosa:
+    vgf = _vgf_delegates(found, Path(pte))
+    others = [f"{d.backend_id} (method {d.method}, {d.payload_bytes} bytes)" for d in found.other
+              if d not in vgf]
+    if not found.tosa and not vgf:
         raise ValueError(f"{pte}: holds no TOSA delegate (delegates: {others or 'none'})")
     n = len(found.tosa)
-    lines = [f"{pte}: {len(data)} bytes; {n} TOSA delegate{'s' if n > 1 else ''}"]
+    lines = [f"{pte}: {len(data)} bytes; {n} TOSA delegate{'s' if n != 1 else ''}"
+             + (f", {len(vgf)} VGF delegate{'s' if len(vgf) > 1 else ''}" if vgf else "")]
     if others:
         lines.append(f"other delegates (not TOSA, not described): {', '.join(others)}")
     for d in found.tosa:
         lines += [""] + _delegate_lines(d, data, table)
+    for d, (name, stats) in vgf.items():
+        # the VGF holds SPIR-V, not TOSA: its figures are those of the TOSA compile converted
+        lines += ["", f"delegate {d.index} of method {d.method}: {d.backend_id} (VGF), "
+                      f"VGF {d.payload_bytes} bytes, converted from {name} beside the .pte "
+                      f"({stats.payload_bytes} bytes)"]
+        lines += _stats_lines(stats, table)
     if n > 1:
         total = found.total()
         lines += ["", f"total over {n} TOSA delegates: {total.operators} operators, "
@@ -178,12 +187,7 @@ def _delegate_lines(d: TosaDelegate, data: bytes, table: Table) -> list[str]:
         lines.append(f"spec: {prov.get('spec')}")
         plan = prov.get("plan", {})
         lines.append(f"plan: {len(plan.get('domains', []))} domains, {len(plan.get('codecs', []))} codecs")
-    lines.append(f"TOSA operators: {s.operators} ({s.const_ops} CONST, {s.const_shape_ops} CONST_SHAPE, "
-                 f"{s.constant_bytes} constant bytes)")
-    lines.append(table(["operator", "count", "traffic MiB", "fused MiB"],
-                       [(k, v, s.traffic_by_op.get(k, 0) / MIB, s.fused_traffic_by_op.get(k, 0) / MIB)
-                        for k, v in sorted(s.operators_by_type.items(), key=lambda kv: -kv[1])]))
-    lines.append(_traffic_line(s))
+    lines += _stats_lines(s, table)
     if d.backend_id == BACKEND_ID:
         pooling = read_pooling_stats(data, d.payload)
         if pooling is None:
@@ -194,3 +198,30 @@ def _delegate_lines(d: TosaDelegate, data: bytes, table: Table) -> list[str]:
                          f"{pooling.const_shapes_deduplicated} CONST_SHAPE merged), "
                          f"{pooling.helper_bytes_saved} constant bytes saved")
     return lines
+
+
+def _stats_lines(s: TosaStats, table: Table) -> list[str]:
+    lines = []
+    lines.append(f"TOSA operators: {s.operators} ({s.const_ops} CONST, {s.const_shape_ops} CONST_SHAPE, "
+                 f"{s.constant_bytes} constant bytes)")
+    lines.append(table(["operator", "count", "traffic MiB", "fused MiB"],
+                       [(k, v, s.traffic_by_op.get(k, 0) / MIB, s.fused_traffic_by_op.get(k, 0) / MIB)
+                        for k, v in sorted(s.operators_by_type.items(), key=lambda kv: -kv[1])]))
+    lines.append(_traffic_line(s))
+    return lines
+
+
+def _vgf_delegates(found: ProgramDelegates, pte: Path) -> dict[OtherDelegate, tuple[str, TosaStats]]:
+    """The VgfBackend delegates whose TOSA compile wrote beside the .pte (model.tosa,
+    model_1.tosa, ... in delegate order), with that TOSA's figures."""
+    out: dict[OtherDelegate, tuple[str, TosaStats]] = {}
+    vgf = [d for d in found.other if d.backend_id == "VgfBackend"]
+    for k, d in enumerate(vgf):
+        name = "model.tosa" if k == 0 else f"model_{k}.tosa"
+        path = pte.with_name(name)
+        if path.is_file():
+            try:
+                out[d] = (name, tosa_stats(path.read_bytes()))
+            except ValueError as e:
+                raise ValueError(f"{path}: not a TOSA flatbuffer: {e}") from None
+    return out

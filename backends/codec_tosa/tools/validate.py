@@ -1,31 +1,57 @@
-"""Validate a .pte two independent ways: its TOSA delegate on the reference model,
-and the whole program in the ExecuTorch runtime (C++ CodecTosaBackend).
+"""Validate a .pte against independent references (docs/DESIGN.md, "Validation").
 
-Pass criteria (docs/DESIGN.md, "Validation"): the two ways agree exactly; policy Z matches eager to
-1e-4 relative; a compressed policy matches the PyTorch simulation of its plan
-to within one quantisation step of each output (the scale of the domain it is
-decoded from, as compile records it; else the output's range / 255),
-and its SQNR against FP32 eager is reported.
+Each delegate call is run again on the TOSA reference model and must equal
+the runtime's bit for bit (the runtime is ExecuTorch with our C++
+CodecTosaBackend, or for a VgfBackend .pte the VGF on the ML SDK emulation
+layer). Each program output is held to its plan's criterion: policy Z within
+1e-4 relative of FP32 eager; a compressed policy within one quantisation step
+of the PyTorch simulation of its plan (the scale of the domain the output is
+decoded from, as compile records it; else the output's range / 255), with its
+SQNR against FP32 eager reported and warned about below `SQNR_FLOOR_DB`.
+
+Every check runs on the example input and on held-out samples and reports the
+worst case. The verdict is PASS only when every delegate output and every
+program output was compared against an independent reference; INCOMPLETE
+when something could not be, FAIL when a comparison failed.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
 from codec_tosa.backend import BACKEND_ID
-from codec_tosa.runtime.pte import PteError, PteInfo, delegate_payload, delegate_provenance, inspect_pte, read_pte
+from codec_tosa.runtime.executorch_runner import PteRunError
+from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte
 from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
+from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs, inputs_for_specs
 
 if TYPE_CHECKING:
     from codec_tosa.serialization.tosa_stats import TosaStats
 
 Z_RTOL = 1e-4
+# Below this SQNR against FP32 eager an output is more noise than model: 0 dB
+# is an all-zero output (noise power = signal power), 10 dB an error whose RMS
+# is a third of the signal's. One INT8 quantisation of a well-ranged tensor is
+# about 40-50 dB, and whole INT8 networks land at 20-40 dB; below 10 dB a range
+# or a calibration is broken, whatever the bit-exact checks say.
+SQNR_FLOOR_DB = 10.0
+VGF_BACKEND_ID = "VgfBackend"  # Arm's; arm_adapter holds the same name (not imported: it loads Arm)
+
+
+class Verdict(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCOMPLETE = "INCOMPLETE"  # nothing failed, but something could not be compared
+
+
+EXIT_STATUS = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCOMPLETE: 3}
 
 
 class ValidationError(PteError):
@@ -33,15 +59,88 @@ class ValidationError(PteError):
 
 
 @dataclass
+class Case:
+    """One set of program inputs, with what the model and its plan make of it."""
+
+    label: str  # "example", "sample 3", "random 0", "given inputs"
+    inputs: list[torch.Tensor]
+    eager: list[np.ndarray] | None = None
+    simulated: list[np.ndarray] | None = None
+
+
+@dataclass
+class DelegateCall:
+    """One delegate call as the runtime made it: the reference model must
+    reproduce its outputs bit for bit from its inputs. Built today from the
+    program's own inputs and outputs where the call reads and writes them
+    directly (`delegate_wirings`); a runtime that records each call's real
+    inputs and outputs hands them here unchanged."""
+
+    delegate: int  # the delegate's index among the method's delegates
+    tosa: bytes
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray | None]  # the runtime's output k of the call; None: not observed
+
+
+def compare_call(call: DelegateCall, path: str | Path) -> list[float | None]:
+    """max |reference model - runtime| per output of the call (None: not observed).
+    Raises ReferenceModelError when the reference model cannot run it."""
+    ref = run_reference_model(call.tosa, call.inputs, path)
+    return [None if out is None else _max_abs(ref[k].reshape(out.shape), out)
+            for k, out in enumerate(call.outputs)]
+
+
+@dataclass
+class DelegateCheck:
+    """Reference model vs runtime for one delegate, worst over the input sets."""
+
+    delegate: int
+    backend_id: str
+    max_abs: list[float | None]  # per delegate output; None: never compared
+    reason: str | None = None  # why it could not run on the reference model
+
+    @property
+    def failed(self) -> bool:
+        return any(m is not None and m != 0.0 for m in self.max_abs)
+
+    @property
+    def complete(self) -> bool:
+        return self.reason is None and all(m is not None for m in self.max_abs)
+
+    def line(self, runtime: str) -> str:
+        head = f"delegate {self.delegate} ({self.backend_id}): reference model vs {runtime}"
+        if self.reason is not None:
+            return f"{head}: not compared ({self.reason})"
+        seen = [m for m in self.max_abs if m is not None]
+        unseen = [k for k, m in enumerate(self.max_abs) if m is None]
+        worst = f"max |diff| {max(seen):.3g}" if seen else "nothing compared"
+        missing = (f"; outputs {unseen} feed the CPU and were not compared" if unseen else "")
+        return f"{head}: {worst} on {len(seen)} of {len(self.max_abs)} outputs{missing}: " + \
+            ("FAIL" if self.failed else "ok" if not unseen else "incomplete")
+
+
+@dataclass
 class OutputCheck:
+    """One program output, worst over the input sets."""
+
     index: int
+    # worst |reference model - runtime| of the delegate output this program output is (NaN: none)
     ref_vs_runtime_max_abs: float
-    vs_expected_max_abs: float | None
+    vs_expected_max_abs: float | None  # at the worst case relative to its tolerance
     tolerance: float | None
-    sqnr_db: float | None
-    # how far the simulation itself moves when the inputs move by one ulp (compile
-    # measures it for compressed policies); diagnostic only, not a tolerance
-    sensitivity: float | None = None
+    sqnr_db: float | None  # worst (lowest) over the input sets
+    sensitivity: float | None = None  # how far the simulation moves under one ulp of input (diagnostic)
+    step: float | None = None  # one quantisation step of the output (compressed policies)
+    worst_case: str | None = None  # the input set of the worst |out - expected|
+    sqnr_case: str | None = None
+    computed: bool = True  # False: the runner could not compute this output (a VGF beside CPU operators)
+
+    @property
+    def steps(self) -> float | None:
+        """The worst |out - simulation| in quantisation steps."""
+        if self.vs_expected_max_abs is None or not self.step:
+            return None
+        return self.vs_expected_max_abs / self.step
 
     @property
     def within_rounding_sensitivity(self) -> bool:
@@ -52,10 +151,14 @@ class OutputCheck:
                 and (self.tolerance or 0.0) < d <= self.sensitivity)
 
     @property
-    def ok(self) -> bool:
+    def failed(self) -> bool:
         exact = self.ref_vs_runtime_max_abs == 0.0 or math.isnan(self.ref_vs_runtime_max_abs)
         within = self.vs_expected_max_abs is None or self.vs_expected_max_abs <= (self.tolerance or 0.0)
-        return exact and within
+        return not (exact and within)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
 
 
 @dataclass
@@ -66,70 +169,60 @@ class Validation:
     reference_model_ran: bool
     outputs: list[OutputCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    delegates: list[DelegateCheck] = field(default_factory=list)
+    cases: int = 0
+    case_kinds: str = ""
+    runtime: str = "runtime"
+    warnings: list[str] = field(default_factory=list)
 
     @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
+    def not_compared(self) -> list[str]:
+        """What could not be compared against an independent reference."""
+        missing = [d.line(self.runtime) for d in self.delegates if not d.complete]
+        missing += [f"output {o.index}: not computed by the {self.runtime}" for o in self.outputs
+                    if not o.computed]
+        if self.expected == "none":
+            missing.append("program outputs: no " + ("eager output" if self.policy == "Z" else
+                                                     "simulation of the plan") + " to compare with")
+        return missing
+
+    @property
+    def verdict(self) -> Verdict:
+        if any(d.failed for d in self.delegates) or any(o.failed for o in self.outputs):
+            return Verdict.FAIL
+        return Verdict.INCOMPLETE if self.not_compared else Verdict.PASS
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
 
     def lines(self) -> list[str]:
-        out = [f"{self.pte}: policy {self.policy}, compared against {self.expected}"]
+        against = {"none": "nothing independent", "eager": "FP32 eager"}.get(self.expected, self.expected)
+        out = [f"{self.pte}: policy {self.policy}, {self.cases} input set{'s' * (self.cases != 1)} "
+               f"({self.case_kinds}), outputs compared against {against}"]
+        out += [f"  {d.line(self.runtime)}" for d in self.delegates]
         for o in self.outputs:
-            exp = ("" if o.vs_expected_max_abs is None else
-                   f", |out - {self.expected}| max {o.vs_expected_max_abs:.3g} (tolerance {o.tolerance:.3g})")
-            sq = "" if o.sqnr_db is None else f", SQNR vs FP32 eager {o.sqnr_db:.1f} dB"
-            ref = ("reference model not compared" if math.isnan(o.ref_vs_runtime_max_abs) else
-                   f"reference model vs runtime max |diff| {o.ref_vs_runtime_max_abs:.3g}")
-            out.append(f"  output {o.index}: {ref}{exp}{sq}: {'ok' if o.ok else 'FAIL'}")
+            parts = []
+            if not o.computed:
+                parts.append(f"not computed by the {self.runtime}")
+            if o.vs_expected_max_abs is not None:
+                in_steps = "" if o.steps is None else f" = {o.steps:.3g} steps of {o.step:.3g}"
+                parts.append(f"worst |out - {self.expected}| {o.vs_expected_max_abs:.3g}{in_steps} "
+                             f"(tolerance {o.tolerance:.3g}, on {o.worst_case})")
+            if o.sqnr_db is not None:
+                parts.append(f"SQNR vs FP32 eager worst {o.sqnr_db:.1f} dB (on {o.sqnr_case})")
+            status = "FAIL" if o.failed else "ok" if o.computed and self.expected != "none" else "incomplete"
+            out.append(f"  output {o.index}: {', '.join(parts) or 'nothing compared'}: {status}")
         out += [f"  note: output {o.index} is off by more than one step, but the {self.expected} itself "
                 f"moves by up to {o.sensitivity:.3g} when the inputs move by one ulp: this model amplifies "
                 "rounding beyond one step, so that criterion cannot tell a miscompilation here (see the SQNR)"
                 for o in self.outputs if o.within_rounding_sensitivity]
+        out += [f"  warning: {w}" for w in self.warnings]
         out += [f"  note: {n}" for n in self.notes]
-        out.append("PASS" if self.ok else "FAIL")
+        if self.verdict is Verdict.INCOMPLETE:
+            out += [f"  not compared: {m}" for m in self.not_compared]
+        out.append(self.verdict.value)
         return out
-
-
-def payload_stats(payload: bytes, path: str | Path) -> "TosaStats":
-    """The payload's TOSA statistics; walking the flatbuffer in Python also refuses
-    a corrupt payload before the reference model (which does not verify its
-    input) can crash on it."""
-    from codec_tosa.serialization.tosa_stats import tosa_stats
-
-    try:
-        return tosa_stats(payload)
-    except ValueError as e:
-        raise ValidationError(f"{path}: the {BACKEND_ID} delegate is unusable: {e}") from None
-
-
-@dataclass(frozen=True)
-class DelegateWiring:
-    """How the program's inputs and outputs meet its one CodecTosaBackend delegate,
-    read from the delegate call in the .pte (the reference model runs the delegate
-    alone, so it can only be compared where the two coincide)."""
-
-    input_positions: tuple[int, ...]  # for each delegate input: its program input index
-    output_of: tuple[int | None, ...]  # for each program output: its delegate output, if any
-
-
-def delegate_wiring(info: "PteInfo", payload: bytes, path: str | Path) -> DelegateWiring:
-    """Raises ValidationError (naming `path` and the reason) when the delegate
-    cannot be run alone on the program's inputs."""
-    from codec_tosa.serialization.tosa_stats import entry_io_counts
-
-    calls = [c for c in info.delegate_calls if c.delegate_id == BACKEND_ID]
-    if len(calls) != 1:
-        raise ValidationError(f"{path}: the program calls {BACKEND_ID} {len(calls)} times")
-    n_in, n_out = entry_io_counts(payload)
-    args = calls[0].tensor_args
-    if len(args) != n_in + n_out:
-        raise ValidationError(f"{path}: the delegate call passes {len(args)} tensors to a TOSA graph "
-                              f"with {n_in} inputs and {n_out} outputs")
-    ins, outs = args[:n_in], args[n_in:]
-    if any(a not in info.inputs for a in ins):
-        raise ValidationError(f"{path}: the delegate reads values computed on the CPU "
-                              f"(CPU operators {sorted(set(info.operators))})")
-    return DelegateWiring(tuple(info.inputs.index(a) for a in ins),
-                          tuple(outs.index(v) if v in outs else None for v in info.outputs))
 
 
 def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
@@ -138,77 +231,364 @@ def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
     return math.inf if noise == 0 else 10 * math.log10(max(power, 1e-30) / noise)
 
 
+def sqnr_warning(index: int, db: float, what: str) -> str | None:
+    """The warning for output `index` when its SQNR is below the floor, else None."""
+    if db >= SQNR_FLOOR_DB:
+        return None
+    return (f"output {index}: SQNR of {what} vs FP32 eager is {db:.1f} dB, below the {SQNR_FLOOR_DB:.0f} dB "
+            "floor: the output is mostly quantisation noise (a degenerate range or calibration?)")
+
+
+def payload_stats(payload: bytes, path: str | Path, backend_id: str = BACKEND_ID) -> "TosaStats":
+    """The payload's TOSA statistics; walking the flatbuffer in Python also refuses
+    a corrupt payload before the reference model (which does not verify its
+    input) can crash on it."""
+    from codec_tosa.serialization.tosa_stats import tosa_stats
+
+    try:
+        return tosa_stats(payload)
+    except ValueError as e:
+        raise ValidationError(f"{path}: the {backend_id} delegate is unusable: {e}") from None
+
+
+@dataclass(frozen=True)
+class DelegateWiring:
+    """How the program's inputs and outputs meet one delegate call, read from the
+    delegate call in the .pte (the reference model runs the delegate alone, so
+    without recorded calls it can only be compared where the two coincide)."""
+
+    delegate: int
+    input_positions: tuple[int, ...] | None  # per delegate input its program input; None: CPU-fed
+    outputs: int  # how many outputs the delegate has
+    output_of: tuple[int | None, ...]  # for each program output: its delegate output, if any
+    reason: str | None = None  # why input_positions is None
+
+
+def delegate_wirings(info: PteInfo, backend_id: str, io_counts: dict[int, tuple[int, int]],
+                     path: str | Path) -> list[DelegateWiring]:
+    """One wiring per call of a `backend_id` delegate; `io_counts[d]` is delegate
+    d's (inputs, outputs). Raises ValidationError when a call does not match its graph."""
+    wirings = []
+    for call in info.delegate_calls:
+        if call.delegate_id != backend_id:
+            continue
+        n_in, n_out = io_counts[call.delegate_index]
+        args = call.tensor_args
+        if len(args) != n_in + n_out:
+            raise ValidationError(f"{path}: the delegate call passes {len(args)} tensors to a TOSA graph "
+                                  f"with {n_in} inputs and {n_out} outputs")
+        ins, outs = args[:n_in], args[n_in:]
+        output_of = tuple(outs.index(v) if v in outs else None for v in info.outputs)
+        if any(a not in info.inputs for a in ins):
+            reason = f"it reads values computed on the CPU (CPU operators {sorted(set(info.operators))})"
+            wirings.append(DelegateWiring(call.delegate_index, None, n_out, output_of, reason))
+        else:
+            wirings.append(DelegateWiring(call.delegate_index, tuple(info.inputs.index(a) for a in ins),
+                                          n_out, output_of))
+    return wirings
+
+
+# ------------------------------------------------------------------ input sets
+
+
+def cases_from_reference_io(io: dict[str, np.ndarray], samples: int | None) -> tuple[list[Case], list[str]]:
+    """The example and up to `samples` held-out samples (None: all) of compile's npz."""
+    notes: list[str] = []
+    n_in = sum(k.startswith("input_") for k in io)
+    n_out = sum(k.startswith("eager_") for k in io)
+
+    def outs(prefix: str, s: int | None = None) -> list[np.ndarray] | None:
+        keys = [f"{prefix}_{i}" for i in range(n_out)]
+        if not n_out or any(k not in io for k in keys):
+            return None
+        return [io[k] if s is None else io[k][s] for k in keys]
+
+    cases = [Case("example", [torch.from_numpy(io[f"input_{i}"]) for i in range(n_in)],
+                  outs("eager"), outs("simulated"))]
+    stored = int(io["sample_input_0"].shape[0]) if "sample_input_0" in io else 0
+    n = stored if samples is None else min(samples, stored)
+    if samples is not None and samples > stored:
+        notes.append(f"{samples} samples asked for, reference_io.npz holds {stored} "
+                     "(compile --samples N stores more)")
+    for s in range(n):
+        cases.append(Case(f"sample {s}", [torch.from_numpy(io[f"sample_input_{i}"][s]) for i in range(n_in)],
+                          outs("sample_eager", s), outs("sample_simulated", s)))
+    return cases, notes
+
+
+def cases_from_module(module: Callable[..., object], example: Sequence[torch.Tensor],
+                      samples: int) -> list[Case]:
+    """The rebuilt model's example and `samples` held-out inputs, with eager outputs."""
+    from codec_tosa.tools.compiler import _as_list
+
+    cases = []
+    for label, x in [("example", tuple(example))] + [
+            (f"sample {s}", x) for s, x in enumerate(held_out_inputs(example, samples))]:
+        with torch.no_grad():
+            eager = [t.detach().numpy() for t in _as_list(module(*x))]
+        cases.append(Case(label, list(x), eager))
+    return cases
+
+
+def _describe(cases: list[Case]) -> str:
+    kinds = [c.label.split(" ")[0] for c in cases]
+    named = {"example": "the example", "sample": "held-out samples", "random": "random inputs",
+             "given": "the given inputs"}
+    counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+    return " and ".join(named.get(k, k) if n == 1 and k != "sample" else f"{n} {named.get(k, k)}"
+                        for k, n in counts.items())
+
+
+# ------------------------------------------------------------------ runners
+
+
+@dataclass
+class _Delegate:
+    index: int
+    backend_id: str
+    payload: bytes  # what the runtime runs (TOSA, or a VGF file)
+    tosa: bytes | None  # what the reference model runs; None: not available
+    io: tuple[int, int]
+
+
+class _Runner:
+    """Runs the program on one input set; returns its outputs (None where it cannot
+    compute one) and the delegate calls it observed."""
+
+    name = "runtime"
+
+    def run(self, case: Case) -> tuple[list[np.ndarray | None], list[DelegateCall]]:
+        raise NotImplementedError
+
+
+class _ExecuTorchRunner(_Runner):
+    """The whole program in ExecuTorch with our C++ backend, which records every
+    delegate call's real inputs and outputs (`run_pte_recorded`): delegates fed
+    by CPU operators, and each of several delegates, are compared too."""
+
+    name = "runtime"
+
+    def __init__(self, data: bytes, pte: str | Path, wirings: list[DelegateWiring],
+                 by_index: dict[int, _Delegate]) -> None:
+        self.data, self.pte, self.wirings, self.by_index = data, pte, wirings, by_index
+
+    def run(self, case: Case) -> tuple[list[np.ndarray | None], list[DelegateCall]]:
+        from codec_tosa.runtime.executorch_runner import run_pte_recorded
+
+        try:
+            outputs, recorded = run_pte_recorded(self.data, case.inputs)
+        except PteRunError as e:
+            raise self._failure(case, e) from None
+        calls = [DelegateCall(r.delegate_index, self.by_index[r.delegate_index].tosa or r.payload,
+                              r.inputs, list(r.outputs))
+                 for r in recorded if r.delegate_index in self.by_index]
+        return [t.detach().numpy() for t in outputs], calls
+
+    def _failure(self, case: Case, error: PteRunError) -> ValidationError:
+        """The reference model's reason, where it has one, is the readable one."""
+        for w in self.wirings:
+            tosa = self.by_index[w.delegate].tosa
+            if w.input_positions is None or tosa is None:
+                continue
+            try:
+                run_reference_model(tosa, [case.inputs[i].numpy() for i in w.input_positions], self.pte)
+            except ReferenceModelError as e:
+                return ValidationError(f"{e} (the runtime fails too: {error})")
+        return ValidationError(f"{self.pte}: {error}")
+
+
+class _VgfRunner(_Runner):
+    """Each VGF delegate on the ML SDK emulation layer (lavapipe), on the program
+    inputs it reads; a program output is known where a delegate writes it."""
+
+    name = "VGF on the emulation layer"
+
+    def __init__(self, wirings: list[DelegateWiring], by_index: dict[int, _Delegate], n_outputs: int) -> None:
+        self.wirings, self.by_index, self.n_outputs = wirings, by_index, n_outputs
+
+    def run(self, case: Case) -> tuple[list[np.ndarray | None], list[DelegateCall]]:
+        from codec_tosa.vgf.run import run_vgf
+
+        outs: list[np.ndarray | None] = [None] * self.n_outputs
+        calls = []
+        for w in self.wirings:
+            if w.input_positions is None:
+                continue
+            d = self.by_index[w.delegate]
+            ins = [case.inputs[i].numpy() for i in w.input_positions]
+            got: list[np.ndarray | None] = list(run_vgf(d.payload, ins, f"delegate {w.delegate}"))
+            for p, k in enumerate(w.output_of):
+                if k is not None:
+                    outs[p] = got[k]
+            if d.tosa is not None:
+                calls.append(DelegateCall(w.delegate, d.tosa, ins, got))
+        return outs, calls
+
+
+# ------------------------------------------------------------------ validate
+
+
 def validate(pte: str | Path, reference_io: str | Path | None = None,
-             inputs: list[torch.Tensor] | None = None) -> Validation:
-    """Validate `pte`; `reference_io` is compile's npz (default: beside the .pte, if present)."""
-    from codec_tosa.runtime.executorch_runner import PteRunError, run_pte
+             inputs: list[torch.Tensor] | None = None, samples: int | None = None,
+             module: Callable[..., object] | None = None) -> Validation:
+    """Validate `pte` on the example and held-out samples (docs/DESIGN.md, "Validation").
 
+    The input sets and references come from, in order: `module` (the rebuilt
+    model, with `inputs` its example: eager outputs, no simulation), `inputs`
+    alone (no reference), compile's `reference_io` npz (default: beside the
+    .pte), or seeded random inputs drawn from the program's input specs (no
+    reference). `samples` caps the held-out samples (None: all stored, or
+    `DEFAULT_SAMPLES` drawn)."""
     data = read_pte(pte)
-    payload = delegate_payload(data, BACKEND_ID, pte)
-    prov = delegate_provenance(data, BACKEND_ID)
-    spec = prov.get("spec", {})
-    policy = spec.get("policy", "?")
-    io_path = Path(reference_io) if reference_io else Path(pte).with_name("reference_io.npz")
-    io = dict(np.load(io_path)) if io_path.is_file() else {}
-    if inputs is None:
-        if not io:
-            raise ValidationError(f"{pte}: no inputs: give --inputs or keep reference_io.npz beside it")
-        inputs = [torch.from_numpy(io[f"input_{i}"]) for i in range(sum(k.startswith("input_") for k in io))]
-    result = Validation(str(pte), policy, "none", reference_model_ran=False)
-
-    payload_stats(payload, pte)
-    rejected: ValueError | None = None
     info = inspect_pte(data)
-    wiring: DelegateWiring | None = None
-    try:
-        wiring = delegate_wiring(info, payload, pte)
-        ref_outs = run_reference_model(
-            payload, [inputs[i].numpy() for i in wiring.input_positions], pte)
-        result.reference_model_ran = True
-    except (ValidationError, ReferenceModelError) as e:
-        # either the payload is bad, or the delegate cannot run alone on the
-        # program's inputs; the runtime run tells which
-        ref_outs, rejected = [], e
-    try:
-        runtime_outs = [t.detach().numpy() for t in run_pte(data, inputs)]
-    except PteRunError as e:
-        if rejected is not None:  # the reference model's reason is the readable one
-            raise ValidationError(f"{rejected} (the runtime fails too: {e})") from None
-        raise ValidationError(f"{pte}: {e}") from None
-    if rejected is not None:
-        result.notes.append(f"reference model not compared: {rejected}")
-
-    eager = [io[f"eager_{i}"] for i in range(len(runtime_outs))] if "eager_0" in io else None
-    simulated = [io[f"simulated_{i}"] for i in range(len(runtime_outs))] if "simulated_0" in io else None
+    every = [d for d in delegates(data, pte) if d.method == "forward"]
+    ids = [d.backend_id for d in every]
+    vgf = BACKEND_ID not in ids and VGF_BACKEND_ID in ids
+    backend_id = VGF_BACKEND_ID if vgf else BACKEND_ID
+    ours = [d for d in every if d.backend_id == backend_id]
+    if not ours:
+        raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
+    spec = ours[0].compile_specs.get("spec", {})
+    policy = spec.get("policy", "?")
     reference = bool(spec.get("reference"))
-    expected = eager if reference else simulated
-    result.expected = ("eager" if reference else "simulation") if expected is not None else "none"
-    if expected is None:
-        result.notes.append("no eager reference was available: checked only that the reference model "
-                            "and the runtime agree")
-    for i, out in enumerate(runtime_outs):
-        k = wiring.output_of[i] if wiring is not None and ref_outs else None
-        # NaN: this output is not the delegate's (an input returned as it is, a
-        # value computed on the CPU), so the reference model says nothing about it
-        diff = (math.nan if k is None else
-                float(np.max(np.abs(ref_outs[k].reshape(out.shape) - out))) if out.size else 0.0)
-        exp_diff = tol = sq = None
-        if expected is not None:
-            e = expected[i].reshape(out.shape)
-            exp_diff = float(np.max(np.abs(e - out))) if out.size else 0.0
+    notes: list[str] = []
+
+    by_index: dict[int, _Delegate] = {}
+    from codec_tosa.serialization.tosa_stats import entry_io_counts
+
+    for k, d in enumerate(ours):
+        if vgf:
+            # Arm's VgfBackend keeps only the VGF; compile writes the TOSA it converted beside the .pte
+            tosa_file = Path(pte).with_name("model.tosa" if k == 0 else f"model_{k}.tosa")
+            tosa = tosa_file.read_bytes() if tosa_file.is_file() else None
+            if tosa is None:
+                notes.append(f"no {tosa_file.name} beside the .pte: delegate {d.index} not run on the "
+                             "reference model")
+        else:
+            tosa = d.payload
+        if tosa is not None:
+            payload_stats(tosa, pte, d.backend_id)
+            io_counts = entry_io_counts(tosa)
+        else:  # the VGF's own count of its inputs and outputs is not read here; use the call's
+            call = next(c for c in info.delegate_calls if c.delegate_index == d.index)
+            io_counts = (len(set(call.tensor_args) & set(info.inputs)), len(call.tensor_args)
+                         - len(set(call.tensor_args) & set(info.inputs)))
+        by_index[d.index] = _Delegate(d.index, d.backend_id, d.payload, tosa, io_counts)
+    wirings = delegate_wirings(info, backend_id, {i: d.io for i, d in by_index.items()}, pte)
+
+    # the input sets
+    io_path = Path(reference_io) if reference_io else Path(pte).with_name("reference_io.npz")
+    if module is not None:
+        if inputs is None:
+            raise ValueError("validate: a rebuilt model needs its example inputs")
+        cases = cases_from_module(module, inputs, DEFAULT_SAMPLES if samples is None else samples)
+        if not reference:
+            notes.append("the simulation of the plan cannot be rebuilt from the .pte (it needs the "
+                         "calibrated plan compile keeps in reference_io.npz): the outputs are compared "
+                         "with FP32 eager by SQNR only")
+    elif inputs is not None:
+        cases = [Case("given inputs", list(inputs))]
+    elif io_path.is_file():
+        cases, more = cases_from_reference_io(dict(np.load(io_path)), samples)
+        notes += more
+    else:
+        try:
+            drawn = inputs_for_specs(info.input_specs, DEFAULT_SAMPLES if samples is None else samples)
+        except ValueError as e:
+            raise ValidationError(f"{pte}: {e}") from None
+        cases = [Case(f"random {s}", list(x)) for s, x in enumerate(drawn)]
+        notes.append(f"no reference_io.npz beside the .pte, no --inputs, no --model: {len(cases)} seeded "
+                     "random inputs drawn from the program's input specs; only the reference model and the "
+                     "runtime were compared")
+    if vgf:
+        notes.append("this ExecuTorch runtime has no VgfBackend: each VGF ran on the ML SDK emulation "
+                     "layer (lavapipe) instead, and the CPU part of the program did not run")
+        runner: _Runner = _VgfRunner(wirings, by_index, len(info.outputs))
+    else:
+        runner = _ExecuTorchRunner(data, pte, wirings, by_index)
+
+    # the runtime records what each call really read, so a CPU-fed delegate is
+    # compared too; the emulation layer sees only what the program hands it
+    checks = {w.delegate: DelegateCheck(w.delegate, backend_id, [None] * w.outputs,
+                                        (w.reason if vgf else None) or (
+                                            None if by_index[w.delegate].tosa is not None
+                                            else "its TOSA is not available"))
+              for w in wirings}
+    # program output p is delegate output k of wiring w
+    source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
+    has_eager = all(c.eager is not None for c in cases)
+    expected_of: Callable[[Case], list[np.ndarray] | None] = (
+        (lambda c: c.eager) if reference else (lambda c: c.simulated))
+    has_expected = all(expected_of(c) is not None for c in cases)
+    io = dict(np.load(io_path)) if module is None and inputs is None and io_path.is_file() else {}
+
+    n_out = len(info.outputs)
+    worst_ratio = [-1.0] * n_out
+    result_outputs = [OutputCheck(p, math.nan, None, None, None) for p in range(n_out)]
+    ran = False
+    for case in cases:
+        outs, calls = runner.run(case)
+        for call in calls:
+            check = checks[call.delegate]
+            if check.reason is not None:
+                continue
+            try:
+                diffs = compare_call(call, pte)
+            except ReferenceModelError as e:
+                check.reason = str(e)
+                continue
+            ran = True
+            check.max_abs = [d if m is None else m if d is None else max(m, d)
+                             for m, d in zip(check.max_abs, diffs)]
+        expected = expected_of(case)
+        for p, out in enumerate(outs):
+            o = result_outputs[p]
+            if out is None:
+                o.computed = False
+                continue
+            if case.eager is not None:
+                sq = sqnr_db(case.eager[p].reshape(out.shape), out)
+                if o.sqnr_db is None or sq < o.sqnr_db:
+                    o.sqnr_db, o.sqnr_case = sq, case.label
+            if expected is None:
+                continue
+            e = expected[p].reshape(out.shape)
+            diff = _max_abs(e, out)
             span = float(np.max(np.abs(e))) if e.size else 0.0
             if reference:
                 tol = Z_RTOL * max(span, 1e-12)
-            elif f"step_{i}" in io:  # the scale of the domain the output is decoded from
-                tol = float(io[f"step_{i}"])
             else:
-                tol = float(e.max() - e.min()) / 255.0 if e.size else 0.0
-            if not reference:
+                step = float(io[f"step_{p}"]) if f"step_{p}" in io else (
+                    float(e.max() - e.min()) / 255.0 if e.size else 0.0)
+                o.step = step
                 # the FP32 operators between codecs are held to the policy-Z
                 # criterion (1e-4 relative), the codes to one step
-                tol += Z_RTOL * span
-        if eager is not None:
-            sq = sqnr_db(eager[i].reshape(out.shape), out)
-        sens = float(io[f"sensitivity_{i}"]) if f"sensitivity_{i}" in io and not reference else None
-        result.outputs.append(OutputCheck(i, diff, exp_diff, tol, sq, sens))
+                tol = step + Z_RTOL * span
+            ratio = diff / tol if tol > 0 else (0.0 if diff == 0 else math.inf)
+            if ratio > worst_ratio[p]:
+                worst_ratio[p] = ratio
+                o.vs_expected_max_abs, o.tolerance, o.worst_case = diff, tol, case.label
+    for p, o in enumerate(result_outputs):
+        if p in source:
+            m = checks[source[p][0]].max_abs[source[p][1]]
+            o.ref_vs_runtime_max_abs = math.nan if m is None else m
+        if f"sensitivity_{p}" in io and not reference:
+            o.sensitivity = float(io[f"sensitivity_{p}"])
+
+    expected_name = ("eager" if reference else "simulation") if has_expected else "none"
+    if not has_eager:
+        notes.append("no FP32 eager output was available: no SQNR")
+    result = Validation(str(pte), policy, expected_name, ran, result_outputs, notes,
+                        [checks[w.delegate] for w in wirings], len(cases), _describe(cases), runner.name)
+    for d in ours:
+        if d.index not in checks:
+            result.notes.append(f"delegate {d.index} is never called by the forward plan")
+    result.warnings += [w for o in result.outputs if o.sqnr_db is not None
+                        for w in [sqnr_warning(o.index, o.sqnr_db, f"the {runner.name}'s output")] if w]
     return result
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    if not a.size:
+        return 0.0
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))

@@ -21,7 +21,7 @@ import torch
 from executorch.exir.backend.partitioner import DelegationSpec, PartitionResult
 from torch.export import ExportedProgram
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, progress
 from codec_tosa.backend import lower_to_tosa
 from codec_tosa.partitioner import CodecTosaPartitioner
 from codec_tosa.runtime.pte import delegates
@@ -111,6 +111,7 @@ def lower_program_to_vgf(program: ExportedProgram, spec: CodecSpec,
         raise
     lowering = time.perf_counter() - started
     started = time.perf_counter()
+    progress.stage(progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     return VgfLowered(pte, vgf_payloads(pte), recorder.delegates, part, lowering,
                       time.perf_counter() - started)

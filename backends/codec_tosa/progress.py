@@ -1,0 +1,53 @@
+"""Progress of a lowering, for the CLI's bar and for Python callers (docs/DESIGN.md, "Tools").
+
+A lowering runs inside ExecuTorch's `to_edge_transform_and_lower`, which
+calls our partitioner and then our backend once per delegate; neither gets
+an argument from the caller. So the caller's callback travels in a context
+variable: `reporting(callback)` around the lowering, `stage(...)` where a
+stage starts. Without a callback, `stage` does nothing.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+Callback = Callable[[str], None]  # called with the stage that starts, e.g. "TOSA lowering: delegate 1"
+
+PLACEMENT = "placement + calibration"
+SERIALISATION = "serialisation"
+
+
+@dataclass
+class _Reporter:
+    callback: Callback
+    delegates: int = 0
+
+
+_current: ContextVar[_Reporter | None] = ContextVar("codec_tosa_progress", default=None)
+
+
+@contextmanager
+def reporting(callback: Callback | None) -> Iterator[None]:
+    """Report the stages of the lowering run inside to `callback` (None: report nothing)."""
+    token = _current.set(_Reporter(callback) if callback is not None else None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def stage(name: str) -> None:
+    reporter = _current.get()
+    if reporter is not None:
+        reporter.callback(name)
+
+
+def delegate_lowering() -> None:
+    """One more delegate's TOSA lowering starts (numbered from 1 in the order ExecuTorch lowers them)."""
+    reporter = _current.get()
+    if reporter is not None:
+        reporter.delegates += 1
+        reporter.callback(f"TOSA lowering: delegate {reporter.delegates}")

@@ -1,0 +1,52 @@
+"""Held-out inputs for validation (docs/DESIGN.md, "Validation").
+
+`compile` calibrates on the example and seed-0 random inputs
+(`calibration.random_calibration`); validation draws its samples from a
+different seed, so that no sample is a calibration input: a plan that is only
+right on what it was calibrated on must show up here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from codec_tosa.runtime.pte import TensorSpec
+
+HELD_OUT_SEED = 7_919  # any seed but calibration's 0
+DEFAULT_SAMPLES = 16
+
+
+def held_out_inputs(example: Sequence[torch.Tensor], n: int,
+                    seed: int = HELD_OUT_SEED) -> list[tuple[torch.Tensor, ...]]:
+    """`n` input tuples shaped like `example`: standard normal floats (the
+    distribution calibration draws from), other inputs as in the example (their
+    valid values, e.g. indices, are not known)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(t.shape, generator=gen, dtype=t.dtype) if t.dtype.is_floating_point
+                  else t.clone() for t in example) for _ in range(n)]
+
+
+def inputs_for_specs(specs: Sequence[TensorSpec | None], n: int,
+                     seed: int = HELD_OUT_SEED) -> list[tuple[torch.Tensor, ...]]:
+    """`n` input tuples for a program known only by its input specs: standard
+    normal floats, random booleans, zeros for integers (an index's range is not
+    in the spec; zero is valid for any index or count)."""
+    if any(s is None for s in specs):
+        raise ValueError("the program takes a non-tensor input: give its inputs (--inputs or --model)")
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for _ in range(n):
+        case = []
+        for s in specs:
+            assert s is not None
+            dtype = getattr(torch, s.dtype)
+            if dtype.is_floating_point:
+                case.append(torch.randn(s.shape, generator=gen, dtype=dtype))
+            elif dtype == torch.bool:
+                case.append(torch.randint(0, 2, s.shape, generator=gen).to(torch.bool))
+            else:
+                case.append(torch.zeros(s.shape, dtype=dtype))
+        cases.append(tuple(case))
+    return cases

@@ -1,0 +1,226 @@
+"""validate on held-out samples, its verdicts and exit statuses, the SQNR floor,
+a bare .pte, a rebuilt model, a VGF .pte; compile's progress stages and the
+first-use friction of issue 13 (docs/DESIGN.md, "Validation")."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from codec_tosa import progress
+from codec_tosa.calibration import CalibrationError, random_calibration
+from codec_tosa.runtime.pte import inspect_pte
+from codec_tosa.tools.cli import DEFAULT_SAMPLES as CLI_SAMPLES, main
+from codec_tosa.tools.compiler import lower_program, sqnr_warnings
+from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
+from codec_tosa.tools.validate import EXIT_STATUS, SQNR_FLOOR_DB, Verdict, sqnr_db, validate
+from codec_tosa.spec import CodecSpec
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def build():
+    torch.manual_seed(0)
+    return Small().eval(), (torch.randn(1, 3, 8, 8),)
+'''
+SAMPLES = 4
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("validate")
+    (d / "model.py").write_text(MODEL_FILE)
+    for policy in "WZ":
+        assert main(["compile", f"{d / 'model.py'}:build", "--policy", policy, "--samples", str(SAMPLES),
+                     "-o", str(d / policy)]) == 0
+    return {"dir": d, "model": d / "model.py", "W": d / "W" / "model.pte", "Z": d / "Z" / "model.pte"}
+
+
+def _build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    namespace: dict[str, object] = {}
+    exec(MODEL_FILE, namespace)
+    return namespace["build"]()  # type: ignore[operator, no-any-return]
+
+
+def test_compile_stores_held_out_samples_with_their_outputs(compiled) -> None:
+    io = np.load(compiled["dir"] / "W" / "reference_io.npz")
+    model, example = _build()
+    samples = io["sample_input_0"]
+    assert samples.shape == (SAMPLES, *example[0].shape)
+    # held out: neither the example nor a calibration input
+    calibration = [example] + random_calibration(example, 3)
+    for s in samples:
+        assert all(not np.array_equal(s, c[0].numpy()) for c in calibration)
+    with torch.no_grad():
+        eager = [model(torch.from_numpy(s)).numpy() for s in samples]
+    np.testing.assert_array_equal(io["sample_eager_0"], np.stack(eager))
+    assert io["sample_simulated_0"].shape == io["sample_eager_0"].shape
+
+
+def test_validate_checks_every_sample_and_passes_within_one_step(compiled, capsys) -> None:
+    v = validate(compiled["W"])
+    assert v.cases == 1 + SAMPLES and v.verdict is Verdict.PASS, "\n".join(v.lines())
+    (o,) = v.outputs
+    assert o.ref_vs_runtime_max_abs == 0.0 and o.steps is not None and o.steps <= 1.0
+    assert validate(compiled["W"], samples=2).cases == 3
+    assert main(["validate", str(compiled["W"]), "--samples", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "PASS"
+
+
+def test_a_sample_off_by_three_steps_fails_and_is_named(compiled, tmp_path) -> None:
+    io = dict(np.load(compiled["dir"] / "W" / "reference_io.npz"))
+    step = float(io["step_0"])
+    bad = io["sample_simulated_0"].copy()
+    bad[2] += 3 * step
+    shutil.copy(compiled["W"], tmp_path / "model.pte")
+    np.savez(tmp_path / "reference_io.npz", **{**io, "sample_simulated_0": bad})
+    v = validate(tmp_path / "model.pte")
+    assert v.verdict is Verdict.FAIL and v.exit_status == 1
+    assert v.outputs[0].worst_case == "sample 2" and v.outputs[0].steps >= 2.9
+    assert validate(tmp_path / "model.pte", samples=2).verdict is Verdict.PASS  # sample 2 not checked
+
+
+def test_a_bare_pte_is_incomplete(compiled, tmp_path, capsys) -> None:
+    shutil.copy(compiled["W"], tmp_path / "model.pte")
+    v = validate(tmp_path / "model.pte", samples=3)
+    assert v.verdict is Verdict.INCOMPLETE and v.cases == 3, "\n".join(v.lines())
+    assert v.reference_model_ran and v.delegates[0].max_abs == [0.0]
+    assert main(["validate", str(tmp_path / "model.pte"), "--samples", "2"]) == EXIT_STATUS[Verdict.INCOMPLETE] == 3
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "INCOMPLETE" and any("not compared" in line for line in out)
+
+
+def test_pte_info_has_the_program_input_specs(compiled) -> None:
+    _, example = _build()
+    (spec,) = inspect_pte(compiled["W"].read_bytes()).input_specs
+    assert spec is not None and spec.shape == tuple(example[0].shape) and spec.dtype == "float32"
+
+
+def test_a_rebuilt_model_is_compared_with_eager(compiled, capsys) -> None:
+    # Z: held to 1e-4 of eager, so complete
+    assert main(["validate", str(compiled["Z"]), "--model", f"{compiled['model']}:build", "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "compared against FP32 eager" in out and "SQNR vs FP32 eager" in out
+    # W: the simulation cannot be rebuilt, so the outputs were not held to the plan's criterion
+    assert main(["validate", str(compiled["W"]), "--model", f"{compiled['model']}:build", "--samples", "2"]) == 3
+    out = capsys.readouterr().out
+    assert "SQNR vs FP32 eager" in out and "cannot be rebuilt" in out
+
+
+def test_sqnr_below_the_floor_warns_in_validate_and_compile(compiled, tmp_path) -> None:
+    io = dict(np.load(compiled["dir"] / "W" / "reference_io.npz"))
+    rng = np.random.default_rng(1)
+    # an FP32 reference the output has nothing to do with: SQNR about 0 dB
+    noise = {k: rng.standard_normal(io[k].shape).astype(np.float32) for k in ("eager_0", "sample_eager_0")}
+    shutil.copy(compiled["W"], tmp_path / "model.pte")
+    np.savez(tmp_path / "reference_io.npz", **{**io, **noise})
+    v = validate(tmp_path / "model.pte")
+    assert v.outputs[0].sqnr_db < SQNR_FLOOR_DB
+    assert any("output 0" in w and "floor" in w for w in v.warnings)
+    assert any(line.startswith("  warning: output 0") for line in v.lines())
+    assert not validate(compiled["W"]).warnings
+    x = torch.randn(1, 100)
+    assert sqnr_db(x.numpy(), np.zeros_like(x.numpy())) == pytest.approx(0.0)
+    (w,) = sqnr_warnings([[x]], [[torch.zeros_like(x)]])
+    assert "output 0" in w and "0.0 dB" in w
+    assert sqnr_warnings([[x]], [[x * 1.001]]) == []
+
+
+def test_validate_help_documents_the_exit_statuses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    assert "0 PASS, 1 FAIL, 3 INCOMPLETE" in capsys.readouterr().out
+    assert CLI_SAMPLES == DEFAULT_SAMPLES
+
+
+def test_held_out_inputs_are_seeded_and_distinct() -> None:
+    example = (torch.randn(1, 3, 4, 4), torch.arange(3))
+    a, b = held_out_inputs(example, 2), held_out_inputs(example, 2)
+    assert all(torch.equal(x, y) for ca, cb in zip(a, b) for x, y in zip(ca, cb))
+    assert not torch.equal(a[0][0], a[1][0]) and torch.equal(a[0][1], example[1])
+
+
+def test_lowering_reports_its_stages() -> None:
+    model, example = _build()
+    stages: list[str] = []
+    lower_program(torch.export.export(model, example), CodecSpec("W"), [example], on_stage=stages.append)
+    assert stages == [progress.PLACEMENT, "TOSA lowering: delegate 1", progress.SERIALISATION]
+
+
+def test_calibration_with_bare_tensors_says_to_use_tuples() -> None:
+    model, example = _build()
+    with pytest.raises(CalibrationError, match="each entry must be a tuple of tensors"):
+        lower_program(torch.export.export(model, example), CodecSpec("W"), [example[0], example[0]])
+
+
+def test_import_codec_tosa_makes_torchvision_importable() -> None:
+    code = "import codec_tosa, torchvision, torch; torchvision.models.resnet18(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_a_vgf_pte_is_validated_on_the_emulation_layer(compiled, capsys) -> None:
+    out = compiled["dir"] / "vgf"
+    assert main(["compile", f"{compiled['model']}:build", "--policy", "W", "--target", "vgf",
+                 "--samples", "1", "-o", str(out)]) == 0
+    v = validate(out / "model.pte")
+    assert v.verdict is Verdict.PASS and v.runtime.startswith("VGF"), "\n".join(v.lines())
+    assert v.delegates[0].backend_id == "VgfBackend" and v.delegates[0].max_abs == [0.0]
+    assert any("no VgfBackend" in n for n in v.notes)
+    capsys.readouterr()
+    assert main(["report", str(out / "model.pte")]) == 0
+    assert "converted from model.tosa" in capsys.readouterr().out
+    (out / "model.tosa").unlink()  # without the TOSA, the VGF is not compared with the reference model
+    assert validate(out / "model.pte").verdict is Verdict.INCOMPLETE
+
+
+CPU_FED_FILE = '''
+import torch
+from torch import nn
+
+
+class CpuFedTwice(nn.Module):
+    """conv | topk on the CPU | conv: the second delegate reads what the CPU computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return self.b(torch.topk(self.a(x), 4, dim=1).values)
+
+
+def build():
+    torch.manual_seed(0)
+    return CpuFedTwice().eval(), (torch.randn(1, 3, 8, 8),)
+'''
+
+
+def test_a_cpu_fed_delegate_is_compared_through_the_recorded_calls(tmp_path) -> None:
+    """The runtime records each delegate call's real inputs, so the delegate after
+    the CPU's topk runs on the reference model too, and the verdict is PASS."""
+    (tmp_path / "model.py").write_text(CPU_FED_FILE)
+    assert main(["compile", f"{tmp_path / 'model.py'}:build", "--policy", "W", "--samples", "2",
+                 "-o", str(tmp_path / "out")]) == 0
+    v = validate(tmp_path / "out" / "model.pte")
+    assert len(v.delegates) == 2 and all(d.reason is None for d in v.delegates), "\n".join(v.lines())
+    assert all(d.max_abs and all(m == 0.0 for m in d.max_abs) for d in v.delegates), "\n".join(v.lines())
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
