@@ -22,6 +22,7 @@ from codec_tosa.runtime.pte import delegates, inspect_pte
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
 from codec_tosa.tools.reference_model import run_reference_model
+import small_models
 
 BACKEND_ID = "CodecTosaBackend"
 
@@ -35,18 +36,6 @@ class _CpuFed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.conv(torch.topk(x, 4, dim=1).values))
-
-
-class _TwoDelegates(nn.Module):
-    """conv | topk on the CPU | conv: a delegate before and one after the CPU operator."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Conv2d(3, 8, 3, padding=1)
-        self.b = nn.Conv2d(4, 4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.topk(self.a(x), 4, dim=1).values)
 
 
 def _lower(model: nn.Module, x: torch.Tensor, policy: str = "W") -> bytes:
@@ -64,9 +53,8 @@ def cpu_fed() -> tuple[bytes, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def two_delegates() -> tuple[bytes, torch.Tensor]:
-    torch.manual_seed(0)
-    x = torch.randn(1, 3, 6, 6)
-    return _lower(_TwoDelegates().eval(), x), x
+    model, (x,) = small_models.conv_topk_conv()
+    return _lower(model, x), x
 
 
 def _fnv1a64(data: bytes) -> str:

@@ -169,3 +169,21 @@ def mobile_block(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
             mod.weight.data.uniform_(0.5, 1.5)
             mod.bias.data.uniform_(-0.2, 0.2)
     return m.eval(), (torch.randn(1, 3, 8, 8),)
+
+
+class ConvTopkConv(nn.Module):
+    """conv | topk on the CPU | conv: topk has no TOSA lowering in executorch 1.5.1,
+    so the program holds a delegate before the CPU operator and one fed by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.topk(self.a(x), 4, dim=1).values)
+
+
+def conv_topk_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvTopkConv().eval(), (torch.randn(1, 3, 6, 6),)

@@ -27,30 +27,15 @@ from codec_tosa.runtime.pte import delegate_payload, read_pte
 from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.tools.validate import validate
 from codec_tosa.spec import CodecSpec
+import small_models
+from model_files import SMALL_MODEL_FILE
 
-MODEL_FILE = '''
-import torch
-from torch import nn
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Conv2d(3, 4, 3, padding=1)
-        self.b = nn.Conv2d(4, 4, 1)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
+# the small model file, and one whose input overflows to inf inside the graph
+MODEL_FILE = SMALL_MODEL_FILE + '''
 
 class Overflows(Small):
     def forward(self, x):
         return self.b(torch.relu(self.a(x * 1e30 * 1e30)))  # inf in float32
-
-
-def build():
-    torch.manual_seed(0)
-    return Small().eval(), (torch.randn(1, 3, 8, 8),)
 
 
 def build_overflow():
@@ -357,21 +342,8 @@ def _lower_and_run(m: nn.Module, x: tuple[torch.Tensor, ...], policy: str = "W")
     return lowered, outs, eager, simulate(lowered.planned, x)
 
 
-class CpuOp(nn.Module):
-    """topk has no TOSA lowering in executorch 1.5.1: it stays on the CPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Conv2d(3, 8, 3, padding=1)
-        self.b = nn.Conv2d(4, 4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.topk(self.a(x), 4, dim=1).values)
-
-
 def test_operator_without_tosa_lowering_stays_on_the_cpu() -> None:
-    torch.manual_seed(0)
-    m, x = CpuOp().eval(), (torch.randn(1, 3, 6, 6),)
+    m, x = small_models.conv_topk_conv()
     lowered, outs, eager, sim = _lower_and_run(m, x)
     info = inspect_pte(lowered.pte)
     assert set(info.operators) == {"aten::topk"}

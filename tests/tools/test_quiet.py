@@ -14,28 +14,11 @@ from pathlib import Path
 import pytest
 
 from codec_tosa.tools.quiet import is_noise, quiet
+from model_files import SMALL_MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
-MODEL_FILE = '''
-import torch
-from torch import nn
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Conv2d(3, 4, 3, padding=1)
-        self.b = nn.Conv2d(4, 4, 1)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
-def build():
-    torch.manual_seed(0)
-    return Small().eval(), (torch.randn(1, 3, 8, 8),)
-'''
+MODEL_FILE = SMALL_MODEL_FILE
 
 # one fragment of each kind of noise the CLI used to print
 NOISE = ("Failed to load", "FutureWarning", "register_constant()", "midr file",

@@ -21,26 +21,10 @@ from codec_tosa.tools.compiler import lower_program, sqnr_warnings
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
 from codec_tosa.tools.validate import EXIT_STATUS, SQNR_FLOOR_DB, Verdict, sqnr_db, validate
 from codec_tosa.spec import CodecSpec
+from model_files import SMALL_MODEL_FILE
+import small_models
 
-MODEL_FILE = '''
-import torch
-from torch import nn
-
-
-class Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Conv2d(3, 4, 3, padding=1)
-        self.b = nn.Conv2d(4, 4, 1)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
-def build():
-    torch.manual_seed(0)
-    return Small().eval(), (torch.randn(1, 3, 8, 8),)
-'''
+MODEL_FILE = SMALL_MODEL_FILE
 SAMPLES = 4
 
 
@@ -192,33 +176,11 @@ def test_a_vgf_pte_is_validated_on_the_emulation_layer(compiled, capsys) -> None
     assert validate(out / "model.pte").verdict is Verdict.INCOMPLETE
 
 
-CPU_FED_FILE = '''
-import torch
-from torch import nn
-
-
-class CpuFedTwice(nn.Module):
-    """conv | topk on the CPU | conv: the second delegate reads what the CPU computed."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 1)
-
-    def forward(self, x):
-        return self.b(torch.topk(self.a(x), 4, dim=1).values)
-
-
-def build():
-    torch.manual_seed(0)
-    return CpuFedTwice().eval(), (torch.randn(1, 3, 8, 8),)
-'''
-
-
 def test_a_cpu_fed_delegate_is_compared_through_the_recorded_calls(tmp_path) -> None:
     """The runtime records each delegate call's real inputs, so the delegate after
     the CPU's topk runs on the reference model too, and the verdict is PASS."""
-    (tmp_path / "model.py").write_text(CPU_FED_FILE)
-    assert main(["compile", f"{tmp_path / 'model.py'}:build", "--policy", "W", "--samples", "2",
+    builder = f"{Path(small_models.__file__)}:conv_topk_conv"
+    assert main(["compile", builder, "--policy", "W", "--samples", "2",
                  "-o", str(tmp_path / "out")]) == 0
     v = validate(tmp_path / "out" / "model.pte")
     assert len(v.delegates) == 2 and all(d.reason is None for d in v.delegates), "\n".join(v.lines())
