@@ -112,3 +112,32 @@ def test_transposed_convolution_stays_fp32_and_compiles():
     sim = simulate(part, x)[0].numpy()
     step = max(t.scale for t in part.thetas.values())
     assert np.max(np.abs(ref.reshape(sim.shape) - sim)) <= step
+
+
+def test_a_tiny_activation_range_keeps_the_int32_bias_in_range():
+    """A domain whose values are about 1e-6 (InceptionV3's head with random weights)
+    gets the scale floor; the convolution after it stores its bias as int32 codes at
+    s_in * s_w, which must not overflow, and the artefact must still be the plan."""
+    import warnings
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 4, 1)
+            with torch.no_grad():
+                self.conv.bias.uniform_(-0.5, 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x)
+
+    torch.manual_seed(0)
+    m = Head().eval()
+    calib = [(torch.randn(1, 4, 4, 4) * 1e-6,) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*int32 bias codes overflow.*")
+        lowered = lower_program(torch.export.export(m, calib[0]), CodecSpec(policy="W"), calib)
+    held_out = torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(5)) * 1e-6
+    ref = run_reference_model(delegate_payload(lowered.pte), [held_out.numpy()], "t")[0]
+    sim = simulate(lowered.planned, (held_out,))[0].numpy()
+    assert np.array_equal(ref.reshape(sim.shape), sim)
+    assert np.max(np.abs(sim - m(held_out).detach().numpy())) < 1e-2  # the bias survives

@@ -10,7 +10,12 @@ import torch
 from codec_tosa.codecs.base import ChannelTheta, Theta
 
 QMIN, QMAX = -128, 127
-_TINY = 1e-8  # floor of the scale of a tiny, non-zero range
+# Floor of the scale of a tiny, non-zero range: float32's epsilon, as PT2E's
+# observers use. A smaller floor lets an INT8 convolution's int32 bias codes
+# (bias / (s_in * s_w)) overflow: InceptionV3 with random weights reaches its
+# head with activations of about 1e-6, and a 1e-8 scale there clamped the
+# head's bias and overflowed its int32 accumulator (44 steps off).
+_TINY = float(torch.finfo(torch.float32).eps)
 # An all-zero tensor (observed range [0, 0]) is coded exactly by any scale. It gets
 # 1.0, not the floor: an INT8 conv/linear stores its bias as int32 codes at scale
 # s_in * s_w, and s_in = 1e-8 would overflow int32 (the bias clamped, silently wrong).
