@@ -78,6 +78,7 @@ DEFAULT_RULES = NoiseRules(
         r"torch/utils/_pytree\.py:\d+\] .* is an Enum subclass and is now natively supported",
         # executorch's thread pool on a machine without ARM CPU identification
         r"cpuinfo_utils\.cpp.*Failed to open midr file",
+        r"cpuinfo_utils\.cpp:\d+\] CPU info and manual query on # of cpus dont match",
         # TOSA serialization library version notes (compatible versions only)
         r"^WARNING: Different TOSA spec in flatbuffer and serializer versions detected\. "
         r".* is backward compatible",
