@@ -141,3 +141,31 @@ def test_a_tiny_activation_range_keeps_the_int32_bias_in_range():
     sim = simulate(lowered.planned, (held_out,))[0].numpy()
     assert np.array_equal(ref.reshape(sim.shape), sim)
     assert np.max(np.abs(sim - m(held_out).detach().numpy())) < 1e-2  # the bias survives
+
+
+@pytest.mark.parametrize("policy", ["X", "W"])
+def test_an_encoded_constant_is_encoded_offline_as_the_plan_rounds_it(policy):
+    """A ViT's class token: a parameter concatenated with the activations. Its codes
+    are computed at compile time with the plan's rounding; an encode left in the
+    graph was constant-folded by Arm with the CAST as a truncation (the class
+    token's row of the output was off by up to half a unit)."""
+
+    class ClassToken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cls = torch.nn.Parameter(torch.randn(1, 1, 8) * 0.7)
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1))
+
+    torch.manual_seed(0)
+    m = ClassToken().eval()
+    gen = torch.Generator().manual_seed(3)
+    calib = [(torch.randn(1, 4, 8, generator=gen),) for _ in range(4)]
+    lowered = lower_program(torch.export.export(m, calib[0]), CodecSpec(policy=policy), calib)
+    for _ in range(3):  # held out
+        x = torch.randn(1, 4, 8, generator=gen)
+        ref = run_reference_model(delegate_payload(lowered.pte), [x.numpy()], "t")[0]
+        sim = simulate(lowered.planned, (x,))[0].numpy()
+        assert np.array_equal(ref.reshape(sim.shape), sim)

@@ -275,11 +275,19 @@ class _Materializer:
                           enc_uses: list[int]) -> None:
         at = self._insertion_point(node)
         base = node  # what plain uses and same-domain uses read
+        # a constant is encoded offline (its codes stored, read through a dequantize,
+        # as a weight is): a runtime encode of a constant would be folded by Arm's
+        # constant folding, which evaluates the codec's CAST as a truncation
+        constant = self.g.val_kind[v] == CONSTANT
+        value = self._constant(v, self.g.val_uses[v][0]) if constant and self.g.val_uses[v] else None
         if src is not None:
             theta_s = _theta(src, self.g.val_name[v])
-            q = self._q(node, theta_s, at)
-            base = self._dq(q, theta_s, q)
-            at = base
+            if value is not None:
+                value, base = self._offline_codes(value, theta_s, self.g.val_name[v])
+            else:
+                q = self._q(node, theta_s, at)
+                base = self._dq(q, theta_s, q)
+                at = base
             self.stats.value_codes += 1
         # one q->dq per target domain, shared by its uses (encode or transcode)
         into: dict[int, torch.fx.Node] = {}
@@ -289,8 +297,11 @@ class _Materializer:
                 continue
             if c.domain not in into:
                 theta_d = _theta(c, self.g.in_port_label(u))
-                q = self._q(base, theta_d, at)
-                into[c.domain] = at = self._dq(q, theta_d, q)
+                if value is not None:
+                    into[c.domain] = self._offline_codes(value, theta_d, self.g.val_name[v])[1]
+                else:
+                    q = self._q(base, theta_d, at)
+                    into[c.domain] = at = self._dq(q, theta_d, q)
                 if src is None:
                     self.stats.encodes += 1
                 else:
@@ -304,6 +315,16 @@ class _Materializer:
             new = into.get(c.domain, base) if c is not None else base
             if new is not node:
                 replace_fx_use(self._fx_use(u), new)
+
+    def _offline_codes(self, value: torch.Tensor, theta: Theta, name: str) -> tuple[torch.Tensor, torch.fx.Node]:
+        """`value` encoded at compile time with theta (quantize_per_tensor, the plan's
+        rounding); returns the decoded values and the dequantize that reads the codes."""
+        args = (theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype)
+        codes = torch.ops.quantized_decomposed.quantize_per_tensor(value.float(), *args)
+        codes_node = self._new_constant(f"{name}_codes", codes)
+        dq = self._call_after_constants(DQ_TENSOR, (codes_node, *args),
+                                        codes_node.meta["val"].to(torch.float32), None)
+        return torch.ops.quantized_decomposed.dequantize_per_tensor(codes, *args), dq
 
     def _q(self, x: torch.fx.Node, theta: Theta, after: torch.fx.Node) -> torch.fx.Node:
         return self._call(Q_TENSOR, (x, theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype),
