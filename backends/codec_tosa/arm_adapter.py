@@ -259,11 +259,6 @@ def _codecs_lowered_before_quant_decomposition() -> Iterator[None]:
         yield
 
 
-def stock_preprocess(edge_program: ExportedProgram, compile_spec: TosaCompileSpec) -> bytes:
-    """Stock `TOSABackend` output for the same program (the golden reference)."""
-    return bytes(TOSABackend._preprocess(edge_program, compile_spec).processed_bytes)
-
-
 def arm_compile_spec_entries(compile_spec: TosaCompileSpec) -> list[CompileSpec]:
     """The compile-spec list Arm itself would put in a delegate."""
     return list(compile_spec._to_list())

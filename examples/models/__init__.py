@@ -17,7 +17,7 @@ from torch import nn
 
 from .tiny import tiny_shufflenet
 from .transformer import siglip, smollm2
-from .vision import inception_v3, shufflenet_v2, unet
+from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet
 
 ModelAndInputs = tuple[nn.Module, tuple[torch.Tensor, ...]]
 Builder = Callable[[], ModelAndInputs]
@@ -29,6 +29,7 @@ BUILTIN_MODELS: dict[str, Builder] = {
     "siglip": siglip,
     "smollm2": smollm2,
     "inception_v3": inception_v3,
+    "mobilenet_v2": mobilenet_v2,
 }
 
 # The four models of the paper's tables, in table order.
@@ -95,6 +96,7 @@ __all__ = [
     "PAPER_MODELS",
     "ModelAndInputs",
     "inception_v3",
+    "mobilenet_v2",
     "load_model",
     "resolve_builder",
     "shufflenet_v2",

@@ -36,6 +36,12 @@ def inception_v3(seed: int = 0) -> Example:
     )
 
 
+def mobilenet_v2(seed: int = 0) -> Example:
+    """torchvision MobileNetV2, input (1, 3, 224, 224)."""
+    tv = model_libs.import_torchvision()
+    return _seeded(seed, lambda: tv.models.mobilenet_v2(weights=None), (1, 3, 224, 224))
+
+
 def unet(seed: int = 0) -> Example:
     """segmentation_models_pytorch U-Net with a ResNet-34 encoder, input (1, 3, 512, 512)."""
     model_libs.prepare()

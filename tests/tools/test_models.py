@@ -16,7 +16,7 @@ def _param_count(model: torch.nn.Module) -> int:
 
 def test_registry_holds_the_paper_models_and_the_demo() -> None:
     assert set(BUILTIN_MODELS) == {
-        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3"
+        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2"
     }
     assert PAPER_MODELS == ("shufflenet_v2", "unet", "siglip", "smollm2")
 
@@ -83,6 +83,7 @@ def test_load_model_errors_name_the_spec(tmp_path: Path) -> None:
 _EXPECTED = {
     "shufflenet_v2": ([(1, 3, 224, 224)], (1, 1000), 2_278_604),
     "inception_v3": ([(1, 3, 299, 299)], (1, 1000), 23_834_568),
+    "mobilenet_v2": ([(1, 3, 224, 224)], (1, 1000), 3_504_872),
     "unet": ([(1, 3, 512, 512)], (1, 1, 512, 512), 24_436_369),
     "siglip": ([(1, 3, 512, 512)], (1, 1024, 768), 86_433_024),
     "smollm2": ([(1, 128, 576)], (1, 128, 576), 106_203_456),
