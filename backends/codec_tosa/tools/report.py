@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from tosa.TosaGraph import TosaGraph
 
 from codec_tosa.backend import BACKEND_ID
-from codec_tosa.runtime.pte import delegates, read_pooling_stats, read_pte
+from codec_tosa.runtime.pte import Delegate, delegates, read_pooling_stats, read_pte
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 from codec_tosa.units import MIB
 
@@ -32,15 +32,10 @@ KNOWN_TOSA_BACKENDS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class TosaDelegate:
-    """One delegate of a program whose payload is a TOSA flatbuffer."""
+class TosaDelegate(Delegate):
+    """One delegate of a program whose payload is a TOSA flatbuffer, with its statistics."""
 
-    method: str  # the execution plan (method) that calls it
-    index: int  # its position among that method's delegates
-    backend_id: str
-    payload: bytes
-    compile_specs: dict[str, Any]  # our options and provenance, and Arm's tosa_spec
-    stats: TosaStats
+    stats: TosaStats = field(default_factory=TosaStats)
 
     @property
     def backend(self) -> str:
