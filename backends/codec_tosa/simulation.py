@@ -31,11 +31,7 @@ bit instead of drifting by a few quantisation steps on deep models
 The RESCALE arithmetic is in `codec_tosa.rescale`.
 
 Encodes round half to even (quantized_decomposed, the plan's semantics, and
-what `_passes/lower_codecs` lowers them to). ``ties="away"`` rounds them half
-away from zero instead, as Arm's generic quantize decomposition
-(FLOOR(x+0.5) / CEIL(x-0.5)) would: sums and products of decoded codes land
-exactly on ties often enough that this alone moves deep outputs by a step or
-two, so a test can tell rounding ties from arithmetic errors.
+what `_passes/lower_codecs` lowers them to).
 """
 
 from __future__ import annotations
@@ -106,11 +102,8 @@ class SimulationStats:
 class IntegerSimulator(torch.fx.Interpreter):
     """Runs a materialised program; see the module docstring for what runs on codes."""
 
-    def __init__(self, gm: torch.fx.GraphModule, ties: str = "even") -> None:
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
         super().__init__(gm)
-        if ties not in ("even", "away"):
-            raise ValueError(f"ties must be 'even' or 'away', got {ties!r}")
-        self.ties = ties
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
         self.stats = SimulationStats()
@@ -123,8 +116,6 @@ class IntegerSimulator(torch.fx.Interpreter):
             out = self._quantize_on_codes(n)
             if out is not None:
                 return out
-            if self.ties == "away":
-                return _encode_ties_away(*_args(n, self))
         elif key in _MEANS:
             out = self._mean_of_decoded(n)
             if out is not None:
@@ -193,7 +184,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         if reduced:
             sum_scale = held.scales[0] * count  # Python float, as Arm computes it
             theta = (sum_scale, held.zero_points[0], held.qmin, held.qmax, held.dtype)
-            total = _fake_quantize(total, theta, self.ties)
+            total = _fake_quantize(total, theta)
             total = total * (1 / count)
             self.stats.requantised_means.append(n.name)
         out_shape = [s if d not in dims else 1 for d, s in enumerate(x.shape)] if keepdim else \
@@ -247,20 +238,10 @@ class IntegerSimulator(torch.fx.Interpreter):
         return any(isinstance(a, torch.fx.Node) and a in self.codes for a in n.all_input_nodes)
 
 
-def _fake_quantize(x: torch.Tensor, theta: tuple[Any, ...], ties: str) -> torch.Tensor:
+def _fake_quantize(x: torch.Tensor, theta: tuple[Any, ...]) -> torch.Tensor:
     """Encode then decode like the plan's own codecs, for a codec Arm inserts itself."""
-    q = (_encode_ties_away(x, *theta) if ties == "away"
-         else torch.ops.quantized_decomposed.quantize_per_tensor(x, *theta))
+    q = torch.ops.quantized_decomposed.quantize_per_tensor(x, *theta)
     return torch.ops.quantized_decomposed.dequantize_per_tensor(q, *theta)
-
-
-def _encode_ties_away(x: torch.Tensor, scale: float, zp: int, qmin: int, qmax: int,
-                      dtype: torch.dtype) -> torch.Tensor:
-    """quantize_per_tensor with ties rounded away from zero, in float32 like the
-    FP32 chain: y = x * (1/s); y >= 0 ? floor(y + 0.5) : ceil(y - 0.5)."""
-    y = x * (1.0 / scale)
-    r = torch.where(y >= 0, torch.floor(y + 0.5), torch.ceil(y - 0.5))
-    return torch.clamp(r + zp, qmin, qmax).to(dtype)
 
 
 def _sequential_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -300,11 +281,11 @@ def _is_int8_quantize(n: torch.fx.Node) -> bool:
             and len(n.args) > 5 and n.args[5] == _INT8)
 
 
-def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor], ties: str = "even"
+def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]
                         ) -> tuple[list[torch.Tensor], SimulationStats]:
-    """`simulate`, and which operators it evaluated on codes; `ties`: see the module docstring."""
+    """`simulate`, and which operators it evaluated on codes."""
     sim = planned.materialized()
-    runner = IntegerSimulator(sim.graph_module, ties)
+    runner = IntegerSimulator(sim.graph_module)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
     outs = list(out) if isinstance(out, (list, tuple)) else [out]

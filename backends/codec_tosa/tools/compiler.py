@@ -21,15 +21,12 @@ from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.tools.loading import load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
 from codec_tosa.units import MIB
 
-PTE = "model.pte"
-REPORT = "report.json"
-REFERENCE_IO = "reference_io.npz"
-TOSA = "model.tosa"  # an Ethos-U target's TOSA, as Vela was given it
 # the bar's steps; a lowering reports its delegates as "TOSA lowering: delegate k"
 STAGES = ("export", lowering_progress.PLACEMENT, "TOSA lowering", lowering_progress.SERIALISATION, "reference outputs")
 
@@ -95,8 +92,7 @@ def _lower_to_vgf(program: ExportedProgram, spec: CodecSpec,
     low = lower_program_to_vgf(program, spec, calibration)
     files: dict[str, bytes] = {}
     for i, (vgf, record) in enumerate(zip(low.vgf, low.delegates)):
-        suffix = "" if i == 0 else f"_{i}"  # several delegates: model.vgf, model_1.vgf, ...
-        files[f"model{suffix}.vgf"], files[f"model{suffix}.tosa"] = vgf, record.tosa
+        files[delegate_file(i, "vgf")], files[delegate_file(i, "tosa")] = vgf, record.tosa
     # the .pte holds only the VGF; the TOSA that was converted is described here
     report = {"vgf": [{"tag": r.tag, "tosa_bytes": len(r.tosa), "vgf_bytes": len(v),
                        "tosa_lowering_s": r.lowering_s, "pooling": r.pooling,
@@ -152,7 +148,7 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
     pte = edge.to_executorch().buffer
     serialisation = time.perf_counter() - t
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
-    files = {(TOSA if k == 0 else f"model_{k}.tosa"): run["tosa"] for k, run in enumerate(runs)}
+    files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
     if runs:
         from codec_tosa.runtime.pte import inspect_pte

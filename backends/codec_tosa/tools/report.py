@@ -16,9 +16,11 @@ from typing import Any, Callable, Sequence
 
 from tosa.TosaGraph import TosaGraph
 
+from codec_tosa.arm_adapter import VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime.pte import Delegate, delegates, read_pooling_stats, read_pte
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
+from codec_tosa.tools.artefacts import delegate_file
 from codec_tosa.units import MIB
 
 Table = Callable[[Sequence[object], Sequence[Sequence[object]]], str]
@@ -210,9 +212,9 @@ def _vgf_delegates(found: ProgramDelegates, pte: Path) -> dict[OtherDelegate, tu
     """The VgfBackend delegates whose TOSA compile wrote beside the .pte (model.tosa,
     model_1.tosa, ... in delegate order), with that TOSA's figures."""
     out: dict[OtherDelegate, tuple[str, TosaStats]] = {}
-    vgf = [d for d in found.other if d.backend_id == "VgfBackend"]
+    vgf = [d for d in found.other if d.backend_id == VGF_BACKEND_ID]
     for k, d in enumerate(vgf):
-        name = "model.tosa" if k == 0 else f"model_{k}.tosa"
+        name = delegate_file(k, "tosa")
         path = pte.with_name(name)
         if path.is_file():
             try:

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
+from codec_tosa.arm_adapter import VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte
+from codec_tosa.tools.artefacts import delegate_file
 from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs, inputs_for_specs
 
@@ -42,7 +44,6 @@ Z_RTOL = 1e-4
 # about 40-50 dB, and whole INT8 networks land at 20-40 dB; below 10 dB a range
 # or a calibration is broken, whatever the bit-exact checks say.
 SQNR_FLOOR_DB = 10.0
-VGF_BACKEND_ID = "VgfBackend"  # Arm's; arm_adapter holds the same name (not imported: it loads Arm)
 
 
 class Verdict(str, Enum):
@@ -459,7 +460,7 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     for k, d in enumerate(ours):
         if vgf:
             # Arm's VgfBackend keeps only the VGF; compile writes the TOSA it converted beside the .pte
-            tosa_file = Path(pte).with_name("model.tosa" if k == 0 else f"model_{k}.tosa")
+            tosa_file = Path(pte).with_name(delegate_file(k, "tosa"))
             tosa = tosa_file.read_bytes() if tosa_file.is_file() else None
             if tosa is None:
                 notes.append(f"no {tosa_file.name} beside the .pte: delegate {d.index} not run on the "
