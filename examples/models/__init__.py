@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .tiny import tiny_shufflenet
-from .transformer import siglip, smollm2
+from .transformer import siglip, smollm2, vit_tiny
 from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet
 
 ModelAndInputs = tuple[nn.Module, tuple[torch.Tensor, ...]]
@@ -30,6 +30,7 @@ BUILTIN_MODELS: dict[str, Builder] = {
     "smollm2": smollm2,
     "inception_v3": inception_v3,
     "mobilenet_v2": mobilenet_v2,
+    "vit_tiny": vit_tiny,
 }
 
 # The four models of the paper's tables, in table order.

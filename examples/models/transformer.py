@@ -1,4 +1,4 @@
-"""Transformer evaluation models: SmolVLM2-256M's SigLIP tower and SmolLM2 decoder."""
+"""Transformer models: SmolVLM2-256M's SigLIP tower and SmolLM2 decoder, and a 2-layer ViT block."""
 
 from __future__ import annotations
 
@@ -20,6 +20,31 @@ class _LastHidden(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(**{self.kwarg: x}).last_hidden_state
+
+
+def vit_tiny(seed: int = 0) -> Example:
+    """A 2-layer transformers ViT: hidden 64, 4 heads, 32x32 input, patch 8, SDPA attention.
+
+    Small enough for the reference model and the emulation layer, with every
+    transformer operator (LayerNorm, softmax attention, GELU, the class token).
+    """
+    model_libs.prepare()
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = _LastHidden(ViTModel(config, add_pooling_layer=False), "pixel_values").eval()
+        example = (torch.randn(1, 3, 32, 32),)
+    return model, example
 
 
 def siglip(seed: int = 0) -> Example:

@@ -16,7 +16,8 @@ def _param_count(model: torch.nn.Module) -> int:
 
 def test_registry_holds_the_paper_models_and_the_demo() -> None:
     assert set(BUILTIN_MODELS) == {
-        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2"
+        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2",
+        "vit_tiny",
     }
     assert PAPER_MODELS == ("shufflenet_v2", "unet", "siglip", "smollm2")
 
@@ -87,6 +88,7 @@ _EXPECTED = {
     "unet": ([(1, 3, 512, 512)], (1, 1, 512, 512), 24_436_369),
     "siglip": ([(1, 3, 512, 512)], (1, 1024, 768), 86_433_024),
     "smollm2": ([(1, 128, 576)], (1, 128, 576), 106_203_456),
+    "vit_tiny": ([(1, 3, 32, 32)], (1, 17, 64), 80_576),
 }
 
 
