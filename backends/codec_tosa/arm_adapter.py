@@ -245,15 +245,21 @@ def _codecs_lowered_before_quant_decomposition() -> Iterator[None]:
         MoveDataMovementOpsToSmallerDtypePass as MoveToSmaller,
     )
 
+    from executorch.exir.dialects._ops import ops as exir_ops
+
     from codec_tosa._passes.lower_codecs import CODEC_META_KEY, LowerCodecsPass
+    from codec_tosa._passes.permutes_onto_codes import PermutesOntoCodesPass
 
     ops = codec_ops()
+    permute = exir_ops.edge.aten.permute_copy.default
     configure = ArmPassManager.__dict__["_configure_pass_insertions"]
     uses_wider_dtype = MoveToSmaller.__dict__["_uses_wider_dtype"]
 
     def configure_with_codecs(self: Any, exported_program: ExportedProgram) -> None:
         configure(self, exported_program)
         self.insert_passes_before(DecomposeQuantNodesPass, [LowerCodecsPass(ops)])
+        # after Arm's permute propagation, before it moves layout ops across RESCALEs
+        self.insert_passes_before(MoveToSmaller, [PermutesOntoCodesPass(permute)])
 
     def layout_only(self: Any, data_movement: Any, rescale: Any, smaller_side: Any) -> bool:
         if CODEC_META_KEY in data_movement.meta:
@@ -278,10 +284,10 @@ def _permutes_cross_codecs() -> Iterator[None]:
     re-traces, 139 s of a 180 s lowering (stock INT8: 17). A permute commutes
     with an elementwise operator whose other inputs are all-ones broadcasts,
     so for our codec operators (and only those) the passes now cross them
-    like any single-input operator. Only where permutes travel changes, never
-    what is computed; `_move_node` relinks input 0, which is the data input
-    of every codec operator (the test suite checks the lowered codecs
-    bit-exact on the reference model).
+    like any single-input operator (docs/DESIGN.md, "Codec lowering").
+    Only where permutes travel changes, never what is computed; `_move_node` relinks input 0, which is the data input of every
+    codec operator (the test suite checks the lowered codecs bit-exact on
+    the reference model).
     """
     import torch
     from executorch.backends.transforms.fuse_identical_input_transforms_pass import (

@@ -20,10 +20,16 @@ _TINY = float(torch.finfo(torch.float32).eps)
 # 1.0, not the floor: an INT8 conv/linear stores its bias as int32 codes at scale
 # s_in * s_w, and s_in = 1e-8 would overflow int32 (the bias clamped, silently wrong).
 _ZERO_RANGE_SCALE = 1.0
+# An asymmetric range that is nearly symmetric gets zero point 0 when that
+# coarsens the step by at most this factor: SQNR drops by at most
+# 20*log10(1 + 1/32) = 0.27 dB there, and its encode and decode each lose a
+# RESCALE and 4 bytes per element (docs/DESIGN.md, "Codec lowering").
+NEAR_SYMMETRIC = 1 + 1 / 32
 
 
 class Int8Affine:
-    """Per-tensor INT8 activations; `symmetric` pins the zero point to 0.
+    """Per-tensor INT8 activations; `symmetric` pins the zero point to 0, and
+    an asymmetric range within `NEAR_SYMMETRIC` of symmetric gets it too.
 
     Symmetric thetas use scale max|x| / 127 and keep the full code range
     [-128, 127]: the z = 0 encode is MUL -> CAST f32->int8, and that CAST
@@ -46,6 +52,10 @@ class Int8Affine:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         span = hi - lo
         scale = max(span / (QMAX - QMIN), _TINY) if span > 0 else _ZERO_RANGE_SCALE
+        if span > 0 and lo < 0 < hi:
+            centred = max(lo / QMIN, hi / QMAX, _TINY)  # z = 0 and the full code range
+            if centred <= NEAR_SYMMETRIC * scale:
+                return Theta(float(centred), 0, QMIN, QMAX, torch.int8)
         zero_point = int(round(QMIN - lo / scale))
         zero_point = max(QMIN, min(QMAX, zero_point))
         return Theta(float(scale), zero_point, QMIN, QMAX, torch.int8)
