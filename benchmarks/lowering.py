@@ -161,9 +161,11 @@ def lowered_modules(edge: Any) -> list[Any]:
 
 
 def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
-                   compile_spec: Any) -> tuple[torch.nn.Module, ExportedProgram, float]:
+                   compile_spec: Any, quantizer_class: type | None = None
+                   ) -> tuple[torch.nn.Module, ExportedProgram, float]:
     """Arm's PT2E INT8 flow (as `arm_adapter.stock_int8_program`), calibrated on `calibration`.
 
+    `quantizer_class` defaults to `TOSAQuantizer` (`VgfQuantizer` for a VGF spec).
     Returns the converted module (the stock flow's quantized eager), its export,
     and the wall time of prepare + calibrate + convert + export.
     """
@@ -171,7 +173,7 @@ def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequenc
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     t = time.perf_counter()
-    quantizer = TOSAQuantizer(compile_spec)
+    quantizer = (quantizer_class or TOSAQuantizer)(compile_spec)
     quantizer.set_global(get_symmetric_quantization_config())
     with torch.no_grad():
         graph = torch.export.export(module, inputs).module(check_guards=False)
@@ -187,21 +189,25 @@ def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequenc
 
 
 class ReferenceModelInterpreter(torch.fx.Interpreter):
-    """Runs an edge program with every delegate call executed by the TOSA reference model."""
+    """Runs an edge program with every delegate call executed by the TOSA reference model
+    (`run_delegate`; benchmarks/vgf.py runs each VGF delegate instead)."""
 
     def run_node(self, n: torch.fx.Node) -> Any:
         from executorch.exir.delegate import executorch_call_delegate
 
         if n.op != "call_function" or n.target is not executorch_call_delegate:
             return super().run_node(n)
-        from codec_tosa.tools.reference_model import run_reference_model
-
         lowered, *args = self.fetch_args_kwargs_from_env(n)[0]
         arrays = [a.detach().contiguous().numpy() for a in args]
-        outs = run_reference_model(bytes(lowered.processed_bytes), arrays, lowered.backend_id)
+        outs = self.run_delegate(lowered, arrays)
         vals = n.meta.get("val")
         vals = list(vals) if isinstance(vals, (list, tuple)) else [vals] * len(outs)
         return tuple(_tensor_like(o, v) for o, v in zip(outs, vals))
+
+    def run_delegate(self, lowered: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        from codec_tosa.tools.reference_model import run_reference_model
+
+        return run_reference_model(bytes(lowered.processed_bytes), arrays, lowered.backend_id)
 
 
 def _tensor_like(array: np.ndarray, like: Any) -> torch.Tensor:
@@ -211,12 +217,15 @@ def _tensor_like(array: np.ndarray, like: Any) -> torch.Tensor:
     return t
 
 
-def run_on_reference_model(edge: Any, inputs: Inputs) -> list[torch.Tensor]:
+def run_on_reference_model(edge: Any, inputs: Inputs,
+                           interpreter: type[ReferenceModelInterpreter] = ReferenceModelInterpreter,
+                           **kwargs: Any) -> list[torch.Tensor]:
+    """The edge program's outputs, each delegate call run by `interpreter(gm, **kwargs)`."""
     from codec_tosa.calibration import lifted_args
 
     ep = edge.exported_program()
     with torch.no_grad():
-        out = ReferenceModelInterpreter(ep.graph_module).run(*lifted_args(ep, inputs))
+        out = interpreter(ep.graph_module, **kwargs).run(*lifted_args(ep, inputs))
     return as_list(out)
 
 
@@ -304,6 +313,15 @@ def held_out(inputs: Inputs) -> Inputs:
     return random_calibration(inputs, 1, seed=HELD_OUT_SEED)[0]
 
 
+def model_case(model: str) -> tuple[torch.nn.Module, Inputs, list[Inputs], Inputs, list[torch.Tensor]]:
+    """The model, its example input, calibration set, held-out input and FP32 eager output on it."""
+    module, inputs = load(model)
+    test = held_out(inputs)
+    with torch.no_grad():
+        eager = as_list(module(*test))
+    return module, inputs, calibration_set(inputs), test, eager
+
+
 def run_stock_fp(model: str, module: torch.nn.Module, inputs: Inputs, test: Inputs,
                  eager: list[torch.Tensor]) -> Row:
     from codec_tosa import arm_adapter
@@ -378,11 +396,7 @@ def bench_model(model: str, placements: Sequence[str] = DEFAULT_PLACEMENTS,
 
     `on_row` is called with the rows so far after each configuration (partial results).
     """
-    module, inputs = load(model)
-    calibration = calibration_set(inputs)
-    test = held_out(inputs)
-    with torch.no_grad():
-        eager = as_list(module(*test))
+    module, inputs, calibration, test, eager = model_case(model)
     rows: list[Row] = []
     for config in (STOCK_FP, STOCK, *placements):
         t = time.perf_counter()

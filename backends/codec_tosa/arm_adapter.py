@@ -524,10 +524,7 @@ def tosa_lowering_inside_vgf(
     when Arm's lookup (that variable, then PATH) would not find one, e.g. when
     the venv's python runs without the venv's bin/ on PATH.
     """
-    import os
-
     from executorch.backends.arm.vgf import backend as vgf_backend
-    from executorch.backends.arm.vgf.model_converter import find_model_converter_binary
     from executorch.exir.backend.backend_details import PreprocessResult
 
     def preprocess(edge_program: ExportedProgram, compile_spec: TosaCompileSpec) -> PreprocessResult:
@@ -539,12 +536,81 @@ def tosa_lowering_inside_vgf(
         filter_tosa_compile_specs = staticmethod(TOSABackend.filter_tosa_compile_specs)
         _preprocess = staticmethod(preprocess)
 
+    with _patched(vgf_backend, "TOSABackend", TosaStep), _model_converter_found(model_converter):
+        yield
+
+
+@contextmanager
+def _model_converter_found(model_converter: str | None) -> Iterator[None]:
+    """MODEL_CONVERTER_PATH set to `model_converter` for the duration when Arm's
+    lookup (that variable, then PATH) would not find one."""
+    import os
+
+    from executorch.backends.arm.vgf.model_converter import find_model_converter_binary
+
     set_path = model_converter is not None and find_model_converter_binary() is None
-    with _patched(vgf_backend, "TOSABackend", TosaStep):
+    if set_path:
+        os.environ["MODEL_CONVERTER_PATH"] = str(model_converter)
+    try:
+        yield
+    finally:
         if set_path:
-            os.environ["MODEL_CONVERTER_PATH"] = str(model_converter)
+            os.environ.pop("MODEL_CONVERTER_PATH", None)
+
+
+def vgf_compile_spec(tosa_spec: str) -> Any:
+    """Arm's VGF compile spec for `tosa_spec` (the stock VGF baselines)."""
+    from executorch.backends.arm.vgf import VgfCompileSpec
+
+    return VgfCompileSpec(tosa_spec)
+
+
+def vgf_partitioner(compile_spec: Any, **kwargs: Any) -> Any:
+    """Arm's stock VGF partitioner (delegates to VgfBackend: Arm's TOSA, then model-converter)."""
+    from executorch.backends.arm.vgf import VgfPartitioner
+
+    return VgfPartitioner(compile_spec, **kwargs)
+
+
+@dataclass
+class VgfConversion:
+    """One model-converter run inside Arm's VgfBackend: the TOSA given, the VGF made, wall time."""
+
+    tag: str
+    tosa: bytes
+    vgf: bytes
+    seconds: float
+
+
+@contextmanager
+def vgf_conversions_kept(model_converter: str | None = None) -> Iterator[list[VgfConversion]]:
+    """Record every model-converter run of VgfBackend (ours or stock) while active.
+
+    `model_converter` is used when Arm's own lookup finds none (as in
+    `tosa_lowering_inside_vgf`), so stock Arm's VGF flow runs from the venv's
+    python without the venv's bin/ on PATH.
+
+    VgfBackend hands its TOSA to `vgf_compile`, a module global of Arm's
+    backend looked up at call time, so wrapping it sees the converter's exact
+    input and output without changing either; a failed conversion is recorded
+    with an empty VGF before its error propagates.
+    """
+    from executorch.backends.arm.vgf import backend as vgf_backend
+
+    compile_fn = vgf_backend.vgf_compile
+    runs: list[VgfConversion] = []
+
+    def kept(tosa_flatbuffer: bytes, compile_flags: list[str], artifact_path: str | None = None,
+             tag_name: str = "") -> Any:
+        run = VgfConversion(tag_name, bytes(tosa_flatbuffer), b"", 0.0)
+        runs.append(run)
+        started = time.perf_counter()
         try:
-            yield
+            vgf = compile_fn(tosa_flatbuffer, compile_flags, artifact_path, tag_name)
         finally:
-            if set_path:
-                os.environ.pop("MODEL_CONVERTER_PATH", None)
+            run.seconds = time.perf_counter() - started
+        run.vgf = bytes(vgf)
+        return vgf
+
+    with _patched(vgf_backend, "vgf_compile", kept), _model_converter_found(model_converter):
+        yield runs

@@ -17,7 +17,7 @@ from torch import nn
 
 from .tiny import tiny_shufflenet
 from .transformer import siglip, smollm2, vit_tiny
-from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet
+from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet, unet_256
 
 ModelAndInputs = tuple[nn.Module, tuple[torch.Tensor, ...]]
 Builder = Callable[[], ModelAndInputs]
@@ -31,6 +31,7 @@ BUILTIN_MODELS: dict[str, Builder] = {
     "inception_v3": inception_v3,
     "mobilenet_v2": mobilenet_v2,
     "vit_tiny": vit_tiny,
+    "unet_256": unet_256,
 }
 
 # The four models of the paper's tables, in table order.
@@ -105,4 +106,6 @@ __all__ = [
     "smollm2",
     "tiny_shufflenet",
     "unet",
+    "unet_256",
+    "vit_tiny",
 ]

@@ -77,6 +77,26 @@ def test_stock_tosa_fp_vgf_matches_reference_model(model):
     assert np.max(np.abs(on_vgf - eager.reshape(on_vgf.shape))) <= 1e-4 * float(np.max(np.abs(eager)))
 
 
+def test_stock_vgf_flow_conversions_are_kept_as_arm_made_them(model):
+    from executorch.exir import to_edge_transform_and_lower
+
+    from codec_tosa.runtime.pte import delegates
+
+    _, x, ep, _ = model
+    spec = arm_adapter.vgf_compile_spec("TOSA-1.0+FP")
+    with arm_adapter.vgf_conversions_kept(str(vgf_tools().model_converter)) as kept:
+        edge = to_edge_transform_and_lower(ep, partitioner=[arm_adapter.vgf_partitioner(spec)])
+    pte = bytes(edge.to_executorch().buffer)
+    (payload,) = [d.payload for d in delegates(pte) if d.backend_id == VGF_BACKEND_ID]
+    assert len(kept) == 1 and kept[0].vgf == payload
+    # the recorded TOSA is what was converted: converting it again gives the payload
+    assert convert(kept[0].tosa) == payload
+    inputs = _held_out(x, 404)
+    on_vgf = run_vgf(payload, inputs, "stock FP")[0]
+    reference = run_reference_model(kept[0].tosa, inputs, "stock FP")[0].reshape(on_vgf.shape)
+    assert np.max(np.abs(on_vgf - reference)) <= 1e-6 * max(1.0, float(np.max(np.abs(reference))))
+
+
 def _int48_abs() -> bytes:
     """ABS on INT48, which TOSA has but the converter's SPIR-V lowering rejects."""
     s = ts.TosaSerializer("", targetMajor=1, targetMinor=0, targetPatch=0, targetDraft=False)

@@ -17,7 +17,7 @@ def _param_count(model: torch.nn.Module) -> int:
 def test_registry_holds_the_paper_models_and_the_demo() -> None:
     assert set(BUILTIN_MODELS) == {
         "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2",
-        "vit_tiny",
+        "vit_tiny", "unet_256",
     }
     assert PAPER_MODELS == ("shufflenet_v2", "unet", "siglip", "smollm2")
 
@@ -86,6 +86,7 @@ _EXPECTED = {
     "inception_v3": ([(1, 3, 299, 299)], (1, 1000), 23_834_568),
     "mobilenet_v2": ([(1, 3, 224, 224)], (1, 1000), 3_504_872),
     "unet": ([(1, 3, 512, 512)], (1, 1, 512, 512), 24_436_369),
+    "unet_256": ([(1, 3, 256, 256)], (1, 1, 256, 256), 24_436_369),
     "siglip": ([(1, 3, 512, 512)], (1, 1024, 768), 86_433_024),
     "smollm2": ([(1, 128, 576)], (1, 128, 576), 106_203_456),
     "vit_tiny": ([(1, 3, 32, 32)], (1, 17, 64), 80_576),
@@ -102,6 +103,20 @@ def test_big_model_shapes_and_parameter_counts(name: str) -> None:
     assert _param_count(model) == params
     with torch.no_grad():
         assert tuple(model(*inputs).shape) == out_shape
+
+
+@pytest.mark.slow
+def test_unet_256_is_the_unet_with_its_weights_at_a_smaller_input_and_exports() -> None:
+    big, _ = load_model("unet")
+    small, inputs = load_model("unet_256")
+    assert all(torch.equal(a, b) for a, b in zip(big.state_dict().values(), small.state_dict().values()))
+    held_out = (torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(1234)),)
+    with torch.no_grad():
+        expected = big(*held_out)
+        assert torch.equal(small(*held_out), expected)
+        exported = torch.export.export(small, inputs).module()(*held_out)
+    assert tuple(exported.shape) == (1, 1, 256, 256)
+    assert torch.allclose(exported, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
 
 
 def test_model_libs_shim_is_idempotent_and_makes_torchvision_importable() -> None:

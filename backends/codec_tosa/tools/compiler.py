@@ -51,6 +51,7 @@ class Lowered:
     serialisation_s: float
     files: dict[str, bytes] = field(default_factory=dict)  # written beside the .pte (model.vgf, ...)
     report: dict[str, Any] = field(default_factory=dict)  # target-specific figures for report.json
+    edge: Any = None  # the EdgeProgramManager (VGF target), to run the program with its delegates elsewhere
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
@@ -95,10 +96,12 @@ def _lower_to_vgf(program: ExportedProgram, spec: CodecSpec,
         files[delegate_file(i, "vgf")], files[delegate_file(i, "tosa")] = vgf, record.tosa
     # the .pte holds only the VGF; the TOSA that was converted is described here
     report = {"vgf": [{"tag": r.tag, "tosa_bytes": len(r.tosa), "vgf_bytes": len(v),
-                       "tosa_lowering_s": r.lowering_s, "pooling": r.pooling,
+                       "tosa_lowering_s": r.lowering_s, "conversion_s": r.conversion_s,
+                       "pooling": r.pooling,
                        "tosa": tosa_stats(r.tosa).to_dict()}
                       for r, v in zip(low.delegates, low.vgf)]}
-    return Lowered(low.pte, low.partitioner.planned, low.lowering_s, low.serialisation_s, files, report)
+    return Lowered(low.pte, low.partitioner.planned, low.lowering_s, low.serialisation_s, files, report,
+                   low.edge)
 
 
 class VelaError(RuntimeError):

@@ -58,6 +58,7 @@ class DelegateRecord:
     tosa: bytes
     lowering_s: float
     pooling: dict[str, Any] | None
+    conversion_s: float = 0.0  # model-converter's wall time, inside Arm's VgfBackend
 
 
 @dataclass
@@ -92,6 +93,7 @@ class VgfLowered:
     partitioner: CodecVgfPartitioner
     lowering_s: float  # to_edge_transform_and_lower: placement, calibration, TOSA, conversion
     serialisation_s: float
+    edge: Any = None  # the EdgeProgramManager, for running the program with its delegates elsewhere
 
 
 def lower_program_to_vgf(program: ExportedProgram, spec: CodecSpec,
@@ -103,18 +105,21 @@ def lower_program_to_vgf(program: ExportedProgram, spec: CodecSpec,
     recorder, context = codec_vgf_lowering(spec)
     started = time.perf_counter()
     try:
-        with context:
+        with context, arm_adapter.vgf_conversions_kept() as conversions:
             edge = to_edge_transform_and_lower(program, partitioner=[part])
     except RuntimeError as e:  # Arm's vgf_compile: "Vgf compiler failed.\n...Stderr:\n..."
         if str(e).startswith("Vgf compiler failed"):
             raise _one_line(e, recorder) from None
         raise
     lowering = time.perf_counter() - started
+    # VgfBackend converts each delegate right after our TOSA step lowered it
+    for record, conversion in zip(recorder.delegates, conversions):
+        record.conversion_s = conversion.seconds
     started = time.perf_counter()
     progress.stage(progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     return VgfLowered(pte, vgf_payloads(pte), recorder.delegates, part, lowering,
-                      time.perf_counter() - started)
+                      time.perf_counter() - started, edge)
 
 
 def _one_line(error: RuntimeError, recorder: VgfLowering) -> ConversionError:
