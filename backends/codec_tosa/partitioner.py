@@ -21,6 +21,13 @@ from codec_tosa.provenance import option_specs, provenance_specs
 from codec_tosa.spec import INT_FP, CodecSpec
 
 
+# Arm keeps silu whole for integer specs, but its INT+FP support (which plans)
+# rejects a whole silu, so the plan does not mark it quantized and Arm's Ethos-U
+# partitioner leaves it on the CPU (where the portable kernels have no
+# aten::silu.out). Decomposed it is sigmoid (a TABLE) times x, both integer rows.
+_DECOMPOSED_WHEN_INTEGER = frozenset({torch.ops.aten.silu.default})
+
+
 class CodecTosaPartitioner(Partitioner):
     """Use like Arm's TOSAPartitioner: ``to_edge_transform_and_lower(ep, partitioner=[...])``.
 
@@ -68,7 +75,23 @@ class CodecTosaPartitioner(Partitioner):
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
         self._real_state.update(ep.state_dict)
-        return self._arm.ops_to_not_decompose(ep)
+        ops, arm_keeps = self._arm.ops_to_not_decompose(ep)
+        if not self.codec_spec.integer_only:
+            return ops, arm_keeps
+        # Arm keeps an activation such as hardswish whole (one INT8 TABLE) only when
+        # q/dq nodes already surround it; here they are written after planning, so
+        # keep whole what the plan encodes (decomposed, hardswish's division by 6
+        # stays FP32 on the CPU and splits the delegate)
+        table, policy = self.codec_spec.commutation_table, self.codec_spec.policy
+        encoded = {op for op in ops if (row := table.lookup(str(op))) is not None and row.encoded
+                   and table.order.selects(policy, row.policy) and op not in _DECOMPOSED_WHEN_INTEGER}
+
+        def keeps(node: torch.fx.Node) -> bool:
+            if node.target in _DECOMPOSED_WHEN_INTEGER:
+                return False
+            return node.target in encoded or (arm_keeps is not None and arm_keeps(node))
+
+        return ops, keeps
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         progress.stage(progress.PLACEMENT)
