@@ -21,11 +21,13 @@ from codec_tosa.provenance import option_specs, provenance_specs
 from codec_tosa.spec import INT_FP, CodecSpec
 
 
-# Arm keeps silu whole for integer specs, but its INT+FP support (which plans)
-# rejects a whole silu, so the plan does not mark it quantized and Arm's Ethos-U
-# partitioner leaves it on the CPU (where the portable kernels have no
-# aten::silu.out). Decomposed it is sigmoid (a TABLE) times x, both integer rows.
-_DECOMPOSED_WHEN_INTEGER = frozenset({torch.ops.aten.silu.default})
+# Operators Arm keeps whole that an integer lowering needs decomposed. silu: Arm's
+# INT+FP support (which plans) rejects a whole silu, so the plan does not mark it
+# quantized and Arm's Ethos-U partitioner leaves it on the CPU; decomposed it is
+# sigmoid (a TABLE) times x, both integer rows. pad: the table encodes its
+# decomposition (constant_pad_nd), not aten.pad. Either left on the CPU has no
+# portable kernel (aten::silu.out, aten::pad.out).
+_DECOMPOSED_WHEN_INTEGER = frozenset({torch.ops.aten.silu.default, torch.ops.aten.pad.default})
 
 
 class CodecTosaPartitioner(Partitioner):
@@ -149,6 +151,11 @@ class IntegerPartitioner(Partitioner):
         self.delegation_spec = DelegationSpec(backend_id, specs)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        # the planning step's partition (Arm's INT+FP support) tagged these nodes
+        # too, and Arm's partitioner only adds tags: a stale one would put an FP32
+        # operator (an unfolded batch norm) into the integer delegate
+        for node in exported_program.graph.nodes:
+            node.meta.pop("delegation_tag", None)
         arm_result = self._arm.partition(exported_program)
         tags = {tag: self.delegation_spec for tag in arm_result.partition_tags}
         return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,
