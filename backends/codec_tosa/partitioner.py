@@ -21,6 +21,15 @@ from codec_tosa.provenance import option_specs, provenance_specs
 from codec_tosa.spec import INT_FP, CodecSpec
 
 
+# Operators Arm keeps whole that an integer lowering needs decomposed. silu: Arm's
+# INT+FP support (which plans) rejects a whole silu, so the plan does not mark it
+# quantized and Arm's Ethos-U partitioner leaves it on the CPU; decomposed it is
+# sigmoid (a TABLE) times x, both integer rows. pad: the table encodes its
+# decomposition (constant_pad_nd), not aten.pad. Either left on the CPU has no
+# portable kernel (aten::silu.out, aten::pad.out).
+_DECOMPOSED_WHEN_INTEGER = frozenset({torch.ops.aten.silu.default, torch.ops.aten.pad.default})
+
+
 class CodecTosaPartitioner(Partitioner):
     """Use like Arm's TOSAPartitioner: ``to_edge_transform_and_lower(ep, partitioner=[...])``.
 
@@ -68,7 +77,23 @@ class CodecTosaPartitioner(Partitioner):
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
         self._real_state.update(ep.state_dict)
-        return self._arm.ops_to_not_decompose(ep)
+        ops, arm_keeps = self._arm.ops_to_not_decompose(ep)
+        if not self.codec_spec.integer_only:
+            return ops, arm_keeps
+        # Arm keeps an activation such as hardswish whole (one INT8 TABLE) only when
+        # q/dq nodes already surround it; here they are written after planning, so
+        # keep whole what the plan encodes (decomposed, hardswish's division by 6
+        # stays FP32 on the CPU and splits the delegate)
+        table, policy = self.codec_spec.commutation_table, self.codec_spec.policy
+        encoded = {op for op in ops if (row := table.lookup(str(op))) is not None and row.encoded
+                   and table.order.selects(policy, row.policy) and op not in _DECOMPOSED_WHEN_INTEGER}
+
+        def keeps(node: torch.fx.Node) -> bool:
+            if node.target in _DECOMPOSED_WHEN_INTEGER:
+                return False
+            return node.target in encoded or (arm_keeps is not None and arm_keeps(node))
+
+        return ops, keeps
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         progress.stage(progress.PLACEMENT)
@@ -126,6 +151,11 @@ class IntegerPartitioner(Partitioner):
         self.delegation_spec = DelegationSpec(backend_id, specs)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        # the planning step's partition (Arm's INT+FP support) tagged these nodes
+        # too, and Arm's partitioner only adds tags: a stale one would put an FP32
+        # operator (an unfolded batch norm) into the integer delegate
+        for node in exported_program.graph.nodes:
+            node.meta.pop("delegation_tag", None)
         arm_result = self._arm.partition(exported_program)
         tags = {tag: self.delegation_spec for tag in arm_result.partition_tags}
         return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,

@@ -2,8 +2,10 @@
 reshape/permute/pad/slice, add, relu and batch norm, with random shapes and
 fan-out. For each: the analysis invariants at every policy and placement, and
 the compiled .pte validated on the TOSA reference model and in the ExecuTorch
-runtime (`validate`: Z within 1e-4 relative of eager; Y/X/W within one
-quantisation step of the PyTorch simulation of the plan).
+runtime (`validate`: Z within 1e-4 relative of eager; Y/X/W/V/I within one
+quantisation step of the PyTorch simulation of the plan). At policy I (TOSA-1.0+INT)
+every delegate is all-integer and only the input encodes and output decodes run on
+the CPU.
 
 Every compiled example is validated on its example input and held-out samples
 (`validate --samples`): 2 in the fast profile, 16 in the long one.
@@ -28,17 +30,18 @@ from hypothesis import HealthCheck, given, settings
 
 from codec_tosa import arm_adapter
 from codec_tosa.analysis import analyze, port_graph
+from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.calibration import random_calibration
 from codec_tosa.tools.compiler import PTE, REFERENCE_IO, fp32_steps, lower_program, reference_io
 from codec_tosa.simulation import simulate
 from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS
 from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import PteInfo, inspect_pte
-from codec_tosa.runtime.pte import delegate_payload
+from codec_tosa.runtime.pte import delegate_payload, delegates
 
 from codec_tosa.tools.samples import held_out_inputs
 from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
-from codec_tosa.serialization.tosa_stats import tosa_stats
+from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
 from codec_tosa.spec import CodecSpec
 
 from fuzz_models import Recipe, Step, build, recipes
@@ -46,8 +49,8 @@ from fuzz_models import Recipe, Step, build, recipes
 LONG = int(os.environ.get("CODEC_TOSA_FUZZ_EXAMPLES", "0"))
 # `make fuzz` appends one JSON line per compiled example here (benchmarks/fuzz_summary.py)
 RECORD = os.environ.get("CODEC_TOSA_FUZZ_RECORD")
-COMBOS = [("Z", COALESCE)] + [(p, pl) for p in "YXW" for pl in PLACEMENTS]
-FAST_PER_COMBO = 2  # 20 compiled examples in CI
+COMBOS = [("Z", COALESCE)] + [(p, pl) for p in "YXWVI" for pl in PLACEMENTS]
+FAST_PER_COMBO = 2  # 32 compiled examples in CI
 # held-out samples per compiled example: simulate and run are milliseconds on these modules
 SAMPLES = int(os.environ.get("CODEC_TOSA_FUZZ_SAMPLES", "16" if LONG else "2"))
 PER_COMBO = max(1, math.ceil(LONG / len(COMBOS))) if LONG else FAST_PER_COMBO
@@ -123,8 +126,11 @@ def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tens
         outs = run_pte(lowered.pte, list(inputs))
         assert all(float((o.reshape(e.shape) - e).abs().max()) <= Z_RTOL * float(e.abs().max())
                    for o, e in zip(outs, eager) if e.numel()), what
-        assert not part.placement or not part.placement.plan.codecs, what
+        # (at policy I the compiler drops a plan nothing was delegated for)
+        assert part is None or not part.placement or not part.placement.plan.codecs, what
         return None
+    if policy == INTEGER_POLICY:  # TOSA-1.0+INT: no FP32 tensor in any delegate
+        assert all(float_operators(d.payload) == [] for d in delegates(lowered.pte)), what
     simulated = simulate(part, inputs)
     held_out = held_out_inputs(inputs, SAMPLES)
     with torch.no_grad():
@@ -245,3 +251,27 @@ def test_recipes_build_what_they_describe() -> None:
             for i, step in enumerate(recipe.steps):
                 values.append(model._apply(i, step, [values[s] for s in step.srcs]))
         assert [tuple(v.shape) for v in values] == [tuple(s) for s in model.shapes], recipe
+
+
+# Found by the long fuzz profile at policy I (reduced by hand)
+FOUND_AT_I = {
+    # a batch norm with no convolution to fold into kept the planning step's
+    # delegation tag and went into the integer delegate, which cannot lower FP32
+    "lone_bn": Recipe(
+        inputs=((1, 2, 6, 4), (1, 4, 6, 4)),
+        steps=(Step("reshape", (0,), (0,)), Step("cat", (2, 2), ()), Step("bn", (0,), ()), Step("relu", (3,), ()),
+               Step("relu", (2,), ()), Step("bn", (3,), ())), outputs=(7,), seed=36564),
+    # aten.pad, kept whole, had no integer row and no CPU kernel (aten::pad.out)
+    "pad": Recipe(inputs=((1, 2, 4, 4),), steps=(Step("conv", (0,), (2, 1, 1)), Step("pad", (1,), (0, 1, 1, 0)),
+                                                 Step("conv", (2,), (2, 3, 1))), outputs=(3,), seed=1),
+    # nothing delegated: the plan's codecs quantized on the CPU (not the model)
+    "nothing_delegated": Recipe(
+        inputs=((1, 2, 6, 4), (1, 4, 6, 4)),
+        steps=(Step("reshape", (0,), (0,)), Step("cat", (2, 2), ()), Step("bn", (0,), ()), Step("relu", (3,), ()),
+               Step("relu", (2,), ()), Step("bn", (2,), ())), outputs=(7,), seed=36564),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND_AT_I))
+def test_policy_i_compiles_what_the_fuzzer_found(name: str, tmp_path: Path) -> None:
+    compile_and_validate(FOUND_AT_I[name], INTEGER_POLICY, LOCAL, tmp_path)

@@ -187,3 +187,48 @@ class ConvTopkConv(nn.Module):
 def conv_topk_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return ConvTopkConv().eval(), (torch.randn(1, 3, 6, 6),)
+
+
+class IntegerActivations(nn.Module):
+    """Every elementwise integer row Arm lowers at policy I without a convolution:
+    sub and mul of two convolutions' outputs, then sigmoid, tanh, hardswish, silu
+    and gelu (INT8 TABLEs; silu is sigmoid times x), each after a 1x1 convolution."""
+
+    ACTIVATIONS = (torch.sigmoid, torch.tanh, nn.functional.hardswish, nn.functional.silu,
+                   nn.functional.gelu)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(3, 8, 1)
+        self.convs = nn.ModuleList(nn.Conv2d(8, 8, 1) for _ in self.ACTIVATIONS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.a(x), self.b(x)
+        y = (a - b) * b
+        for conv, act in zip(self.convs, self.ACTIVATIONS):
+            y = act(conv(y))
+        return y
+
+
+def integer_activations(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return IntegerActivations().eval(), (torch.randn(1, 3, 8, 8),)
+
+
+class TokenNorms(nn.Module):
+    """linear -> softmax -> linear -> layer norm -> linear on tokens: Arm's TOSA
+    lowering has no INT8 softmax or layer norm for a plan to use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 8)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.norm(self.b(torch.softmax(self.a(x), dim=-1))))
+
+
+def token_norms(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return TokenNorms().eval(), (torch.randn(1, 6, 16),)

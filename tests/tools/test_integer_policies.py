@@ -3,15 +3,26 @@ the commutation table, proven on the TOSA reference model."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
 import numpy as np
 import pytest
 
-from codec_tosa.runtime.pte import delegate_payload, inspect_pte
-from codec_tosa.serialization.tosa_stats import operator_dtypes
+from codec_tosa.runtime.pte import delegate_payload, delegates, inspect_pte
+from codec_tosa.serialization.tosa_stats import float_operators, iter_constants, operator_dtypes, tosa_stats
 from codec_tosa.simulation import simulate
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.cli import main
+from codec_tosa.tools.compiler import compile_model
 from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.tools.report import IO_KERNELS
+from codec_tosa.tools.validate import ValidationError, Verdict, validate
 
 import small_models
+
+SAMPLES = 4  # held-out samples compile stores and validate checks
 
 
 def _integer_between_convs(payload: bytes) -> list[tuple[str, list[str], list[str]]]:
@@ -48,9 +59,6 @@ def test_relu6_at_v_stays_on_codes(lowered):
     _matches_simulation(low, small_models.conv_relu6_conv()[1])
 
 
-_IO_KERNELS = {"quantized_decomposed::quantize_per_tensor", "quantized_decomposed::dequantize_per_tensor"}
-
-
 def test_mobile_block_at_i_is_one_integer_delegate(lowered):
     """conv+BN+ReLU6, depthwise, residual add, cat, shuffle, avg-pools, linear:
     one TOSA-1.0+INT delegate, no floating-point operator in it; only the input
@@ -61,7 +69,7 @@ def test_mobile_block_at_i_is_one_integer_delegate(lowered):
     low = lowered("mobile_block", "I")
     info = inspect_pte(low.pte)
     assert info.delegate_ids == ("CodecTosaBackend",)
-    assert set(info.operators) <= _IO_KERNELS
+    assert set(info.operators) <= IO_KERNELS
     payload = delegate_payload(low.pte)
     assert float_operators(payload) == []
     ops = tosa_stats(payload).operators_by_type
@@ -82,8 +90,6 @@ def test_target_needs_policy_i_and_a_known_target():
 def test_ethos_u55_delegate_is_vela(lowered):
     """--target ethos-u55-128: one EthosUBackend delegate (Vela's command stream)
     and Vela's summary of the TOSA it was given, which is all-integer."""
-    pytest.importorskip("ethosu.vela")
-    from codec_tosa.serialization.tosa_stats import float_operators
     low = lowered("mobile_block", "I", target="ethos-u55-128")
     info = inspect_pte(low.pte)
     assert info.delegate_ids == ("EthosUBackend",)
@@ -91,3 +97,96 @@ def test_ethos_u55_delegate_is_vela(lowered):
     vela = low.report["vela"]
     assert vela["cycles_total"] > 0 and vela["npu_ops"] > 0
     assert vela["cpu_ops"] == len(info.operators)  # Vela itself left nothing to the CPU
+
+
+@pytest.fixture(scope="module")
+def compiled() -> Iterator[Callable[..., Path]]:
+    """``compiled("integer_activations", "ethos-u55-128")``: the directory `compile`
+    wrote for a tests/support/small_models builder at policy I (once per module)."""
+    import tempfile
+
+    done: dict[tuple[str, str], Path] = {}
+    root = Path(tempfile.mkdtemp(prefix="codec-tosa-policy-i-"))
+
+    def get(model: str, target: str = "tosa") -> Path:
+        if (model, target) not in done:
+            out = root / f"{model}-{target}"
+            compile_model(f"{small_models.__file__}:{model}", CodecSpec("I", target=target), out,
+                          progress=False, samples=SAMPLES)
+            done[model, target] = out
+        return done[model, target]
+
+    yield get
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _passes(pte: Path) -> None:
+    v = validate(pte)
+    assert v.verdict is Verdict.PASS and v.cases == 1 + SAMPLES, "\n".join(v.lines())
+    assert all(d.complete for d in v.delegates) and v.expected == "simulation"
+
+
+def test_sub_mul_and_table_activations_are_one_integer_delegate(compiled) -> None:
+    """sub, mul, sigmoid, tanh, hardswish, silu, gelu at I: one TOSA-1.0+INT delegate
+    with no FP32 tensor (SUB, MUL, TABLE), equal to the simulation on held-out samples."""
+    pte = compiled("integer_activations") / "model.pte"
+    data = pte.read_bytes()
+    info = inspect_pte(data)
+    assert info.delegate_ids == ("CodecTosaBackend",) and set(info.operators) <= IO_KERNELS
+    payload = delegate_payload(data)
+    assert float_operators(payload) == []
+    ops = tosa_stats(payload).operators_by_type
+    # sigmoid, tanh, hardswish, gelu and silu's sigmoid; mul and silu's product
+    assert (ops["TABLE"], ops["SUB"], ops["MUL"], ops["CONV2D"]) == (5, 1, 2, 7)
+    _passes(pte)
+
+
+def test_softmax_and_layer_norm_stay_on_the_cpu_and_report_names_them(compiled, capsys) -> None:
+    """Arm has no INT8 softmax or layer norm for the plan: they stay FP32 on the CPU,
+    the delegates around them are all-integer, and `report` names them."""
+    pte = compiled("token_norms") / "model.pte"
+    data = pte.read_bytes()
+    assert set(inspect_pte(data).operators) - IO_KERNELS == {"aten::_softmax", "aten::native_layer_norm"}
+    assert all(float_operators(d.payload) == [] for d in delegates(data))
+    assert main(["report", str(pte)]) == 0
+    assert ("not integer at policy I (left on the CPU in FP32): aten::_softmax, aten::native_layer_norm"
+            in capsys.readouterr().out.splitlines())
+    _passes(pte)
+
+
+def test_an_ethos_u_pte_is_validated_on_the_tosa_vela_was_given(compiled, capsys) -> None:
+    """Nothing here runs Vela's command stream: validate runs the program with
+    model.tosa in its place (the CPU quantize and dequantize on ExecuTorch's
+    kernels), checks that call on the reference model and the outputs against
+    the simulation, and says so."""
+    pte = compiled("integer_activations", "ethos-u55-128") / "model.pte"
+    assert inspect_pte(pte.read_bytes()).delegate_ids == ("EthosUBackend",)
+    _passes(pte)
+    assert main(["validate", str(pte)]) == 0
+    out = capsys.readouterr().out
+    assert "note: Vela's command stream itself is not executed here" in out and out.endswith("PASS\n")
+    assert main(["report", str(pte)]) == 0
+    assert "EthosUBackend (Ethos-U), Ethos-U " in capsys.readouterr().out
+
+
+def test_an_ethos_u_pte_without_or_with_a_broken_model_tosa(compiled, tmp_path, capsys) -> None:
+    src = compiled("integer_activations", "ethos-u55-128")
+    for name in ("model.pte", "reference_io.npz"):
+        shutil.copy(src / name, tmp_path / name)
+    pte = tmp_path / "model.pte"
+    with pytest.raises(ValidationError, match="there is no model.tosa beside the .pte"):
+        validate(pte)
+    assert main(["validate", str(pte)]) == 2
+
+    tosa = (src / "model.tosa").read_bytes()
+    (tmp_path / "model.tosa").write_bytes(tosa[: len(tosa) // 2])
+    with pytest.raises(ValidationError, match="model.tosa: the EthosUBackend delegate is unusable"):
+        validate(pte)
+
+    # a TOSA flatbuffer that is not what Vela compiled: its largest INT8 constant inverted
+    largest = max((c.data for c in iter_constants(tosa) if c.dtype == "INT8"), key=len)
+    assert tosa.count(largest) == 1
+    (tmp_path / "model.tosa").write_bytes(tosa.replace(largest, bytes(255 - b for b in largest)))
+    v = validate(pte)
+    assert v.verdict is Verdict.FAIL and v.exit_status == 1, "\n".join(v.lines())
+    capsys.readouterr()

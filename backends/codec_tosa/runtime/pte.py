@@ -4,6 +4,8 @@ private, so every look inside a .pte goes through here (docs/DESIGN.md, "Tools")
 It reads the program header (CPU operators, delegates, how each delegate call
 is wired), extracts delegate payloads and their compile specs (our options and
 provenance), and the pooling records `CodecTosaBackend` stores as named data.
+`with_delegates_replaced` writes the one kind of .pte validation needs: the same
+program with some delegates swapped for stand-ins the runtime here can run.
 """
 
 from __future__ import annotations
@@ -170,6 +172,29 @@ def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
             for plan in program.execution_plan for i, d in enumerate(plan.delegates)]
 
 
+def with_delegates_replaced(data: bytes, replacements: dict[int, tuple[str, bytes]],
+                            path: str | Path = "<bytes>") -> bytes:
+    """The same program with delegate i of its first method given backend id and
+    payload `replacements[i]` (compile specs, wiring and CPU operators unchanged)."""
+    import dataclasses
+
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    try:
+        pte_file = deserialize_pte_binary(data)
+    except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
+        raise PteError(f"{path}: not a valid ExecuTorch program (.pte), truncated or corrupt: {e}") from None
+    program = pte_file.program
+    plan = program.execution_plan[0]
+    for i, (backend_id, payload) in replacements.items():
+        d = plan.delegates[i]
+        # deserialize_pte_binary moved every payload inline, indexed by processed.index
+        program.backend_delegate_data[d.processed.index] = dataclasses.replace(
+            program.backend_delegate_data[d.processed.index], data=payload)
+        plan.delegates[i] = dataclasses.replace(d, id=backend_id)
+    return bytes(serialize_pte_binary(pte_file))
+
+
 def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, Any]:
     """The options and provenance in the compile specs of the first `backend_id` delegate."""
     return next((d.compile_specs for d in delegates(data) if d.backend_id == backend_id), {})
@@ -189,4 +214,5 @@ def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
 
 
 __all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "TensorSpec", "delegate_payload",
-           "delegate_provenance", "delegates", "inspect_pte", "read_pooling_stats", "read_pte"]
+           "delegate_provenance", "delegates", "inspect_pte", "read_pooling_stats", "read_pte",
+           "with_delegates_replaced"]

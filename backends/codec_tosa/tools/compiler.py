@@ -127,7 +127,7 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
             raise VelaError(f"--target {spec.target} needs Vela: pip install ethos-u-vela==5.2.0")
     part = CodecTosaPartitioner(spec, calibration=calibration)
     t = time.perf_counter()
-    to_edge_transform_and_lower(program, partitioner=[part])  # plans; delegates nothing
+    unplanned = to_edge_transform_and_lower(program, partitioner=[part])  # plans; delegates nothing
     if part.planned is None:
         raise ValueError("the partitioner planned nothing")
     materialized = copy.deepcopy(part.planned.materialized())
@@ -149,16 +149,22 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     pte = edge.to_executorch().buffer
+    planned: PlannedProgram | None = part.planned
+    from codec_tosa.runtime.pte import inspect_pte
+
+    if not inspect_pte(pte).delegate_ids:
+        # Arm's INT partitioner took nothing: the plan's codecs would only
+        # quantize on the CPU, so the program stays the model, in FP32
+        pte, planned = unplanned.to_executorch().buffer, None
     serialisation = time.perf_counter() - t
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
     if runs:
-        from codec_tosa.runtime.pte import inspect_pte
         from codec_tosa.tools.vela_summary import vela_report
 
         report["vela"] = vela_report(runs, len(inspect_pte(pte).operators))
-    return Lowered(pte, part.planned, lowering, serialisation, files, report)
+    return Lowered(pte, planned, lowering, serialisation, files, report)
 
 
 def _kept_run(run: Any) -> dict[str, Any]:

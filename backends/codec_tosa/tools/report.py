@@ -3,7 +3,8 @@
 Any TOSA delegate is described (docs/DESIGN.md, "Tools"): operators,
 constants, unfused and fused traffic per delegate, their sum when there are
 several, and codec_tosa's provenance, plan and pooling record where the
-delegate is ours.
+delegate is ours. A VgfBackend or EthosUBackend delegate is described by the
+TOSA compile wrote beside the .pte. The operators left on the CPU are named.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any, Callable, Sequence
 
 from tosa.TosaGraph import TosaGraph
 
-from codec_tosa.arm_adapter import VGF_BACKEND_ID
+from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
-from codec_tosa.runtime.pte import Delegate, delegates, read_pooling_stats, read_pte
+from codec_tosa.commutation.policy import INTEGER_POLICY
+from codec_tosa.runtime.pte import Delegate, delegates, inspect_pte, read_pooling_stats, read_pte
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 from codec_tosa.tools.artefacts import delegate_file
 from codec_tosa.units import MIB
@@ -31,6 +33,16 @@ KNOWN_TOSA_BACKENDS: dict[str, str] = {
     "CodecTosaBackend": "codec_tosa",
     "TOSABackend": "stock Arm TOSA",
 }
+# Backends whose payload was compiled from a TOSA flatbuffer that `compile` keeps
+# beside the .pte (model.tosa, model_1.tosa, ...): what their payload is, in words
+CONVERTED_FROM_TOSA: dict[str, str] = {
+    VGF_BACKEND_ID: "VGF",
+    ETHOS_U_BACKEND_ID: "Ethos-U",  # Vela's command stream
+}
+# The CPU kernels of an integer-only program's boundary: the input encodes and
+# the output decodes (as in Arm's INT8 flow)
+IO_KERNELS = frozenset({"quantized_decomposed::quantize_per_tensor",
+                        "quantized_decomposed::dequantize_per_tensor"})
 
 
 @dataclass(frozen=True)
@@ -136,22 +148,26 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
     holds no TOSA delegate."""
     data = read_pte(pte)
     found = program_delegates(data, str(pte))
-    vgf = _vgf_delegates(found, Path(pte))
+    converted = _converted_delegates(found, Path(pte))
     others = [f"{d.backend_id} (method {d.method}, {d.payload_bytes} bytes)" for d in found.other
-              if d not in vgf]
-    if not found.tosa and not vgf:
+              if d not in converted]
+    if not found.tosa and not converted:
         raise ValueError(f"{pte}: holds no TOSA delegate (delegates: {others or 'none'})")
     n = len(found.tosa)
+    kinds = Counter(CONVERTED_FROM_TOSA[d.backend_id] for d in converted)
     lines = [f"{pte}: {len(data)} bytes; {n} TOSA delegate{'s' if n != 1 else ''}"
-             + (f", {len(vgf)} VGF delegate{'s' if len(vgf) > 1 else ''}" if vgf else "")]
+             + "".join(f", {k} {kind} delegate{'s' if k > 1 else ''}" for kind, k in kinds.items())]
     if others:
         lines.append(f"other delegates (not TOSA, not described): {', '.join(others)}")
+    lines += _cpu_lines(data)
     for d in found.tosa:
         lines += [""] + _delegate_lines(d, data, table)
-    for d, (name, stats) in vgf.items():
-        # the VGF holds SPIR-V, not TOSA: its figures are those of the TOSA compile converted
-        lines += ["", f"delegate {d.index} of method {d.method}: {d.backend_id} (VGF), "
-                      f"VGF {d.payload_bytes} bytes, converted from {name} beside the .pte "
+    for d, (name, stats) in converted.items():
+        # a VGF holds SPIR-V and Vela's output NPU commands, not TOSA: their
+        # figures are those of the TOSA compile converted
+        kind = CONVERTED_FROM_TOSA[d.backend_id]
+        lines += ["", f"delegate {d.index} of method {d.method}: {d.backend_id} ({kind}), {kind} "
+                      f"{d.payload_bytes} bytes, converted from {name} beside the .pte "
                       f"({stats.payload_bytes} bytes)"]
         lines += _stats_lines(stats, table)
     if n > 1:
@@ -208,12 +224,28 @@ def _stats_lines(s: TosaStats, table: Table) -> list[str]:
     return lines
 
 
-def _vgf_delegates(found: ProgramDelegates, pte: Path) -> dict[OtherDelegate, tuple[str, TosaStats]]:
-    """The VgfBackend delegates whose TOSA compile wrote beside the .pte (model.tosa,
-    model_1.tosa, ... in delegate order), with that TOSA's figures."""
+def _cpu_lines(data: bytes) -> list[str]:
+    """The operators the program runs on the CPU; at policy I, those that are not
+    the boundary's quantize/dequantize (they had no integer lowering)."""
+    operators = sorted(set(inspect_pte(data).operators))
+    if not operators:
+        return ["CPU operators: none"]
+    lines = [f"CPU operators: {', '.join(operators)}"]
+    policy = next((d.compile_specs["spec"].get("policy") for d in delegates(data)
+                   if isinstance(d.compile_specs.get("spec"), dict)), None)
+    if policy == INTEGER_POLICY:
+        not_integer = [op for op in operators if op not in IO_KERNELS]
+        lines.append(f"not integer at policy {policy} (left on the CPU in FP32): "
+                     f"{', '.join(not_integer) or 'none'}")
+    return lines
+
+
+def _converted_delegates(found: ProgramDelegates, pte: Path) -> dict[OtherDelegate, tuple[str, TosaStats]]:
+    """The VgfBackend and EthosUBackend delegates whose TOSA compile wrote beside the
+    .pte (model.tosa, model_1.tosa, ... in delegate order), with that TOSA's figures."""
     out: dict[OtherDelegate, tuple[str, TosaStats]] = {}
-    vgf = [d for d in found.other if d.backend_id == VGF_BACKEND_ID]
-    for k, d in enumerate(vgf):
+    converted = [d for d in found.other if d.backend_id in CONVERTED_FROM_TOSA]
+    for k, d in enumerate(converted):
         name = delegate_file(k, "tosa")
         path = pte.with_name(name)
         if path.is_file():

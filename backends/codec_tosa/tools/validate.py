@@ -3,7 +3,8 @@
 Each delegate call is run again on the TOSA reference model and must equal
 the runtime's bit for bit (the runtime is ExecuTorch with our C++
 CodecTosaBackend, or for a VgfBackend .pte the VGF on the ML SDK emulation
-layer). Each program output is held to its plan's criterion: policy Z within
+layer; an EthosUBackend .pte runs with the TOSA Vela was given standing in for
+Vela's command stream, which nothing here executes). Each program output is held to its plan's criterion: policy Z within
 1e-4 relative of FP32 eager; a compressed policy within one quantisation step
 of the PyTorch simulation of its plan (the scale of the domain the output is
 decoded from, as compile records it; else the output's range / 255), with its
@@ -26,10 +27,10 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from codec_tosa.arm_adapter import VGF_BACKEND_ID
+from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
-from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte
+from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
 from codec_tosa.tools.artefacts import delegate_file
 from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs, inputs_for_specs
@@ -445,7 +446,8 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     every = [d for d in delegates(data, pte) if d.method == "forward"]
     ids = [d.backend_id for d in every]
     vgf = BACKEND_ID not in ids and VGF_BACKEND_ID in ids
-    backend_id = VGF_BACKEND_ID if vgf else BACKEND_ID
+    ethos_u = BACKEND_ID not in ids and not vgf and ETHOS_U_BACKEND_ID in ids
+    backend_id = VGF_BACKEND_ID if vgf else ETHOS_U_BACKEND_ID if ethos_u else BACKEND_ID
     ours = [d for d in every if d.backend_id == backend_id]
     if not ours:
         raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
@@ -458,17 +460,25 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     from codec_tosa.serialization.tosa_stats import entry_io_counts
 
     for k, d in enumerate(ours):
-        if vgf:
-            # Arm's VgfBackend keeps only the VGF; compile writes the TOSA it converted beside the .pte
+        stats_path: str | Path = pte
+        if vgf or ethos_u:
+            # Arm's VgfBackend and EthosUBackend keep only the VGF or Vela's command
+            # stream; compile writes the TOSA they were given beside the .pte
             tosa_file = Path(pte).with_name(delegate_file(k, "tosa"))
             tosa = tosa_file.read_bytes() if tosa_file.is_file() else None
+            stats_path = tosa_file
+            if tosa is None and ethos_u:
+                raise ValidationError(
+                    f"{pte}: delegate {d.index} is Vela's command stream, which nothing here runs, and "
+                    f"there is no {tosa_file.name} beside the .pte (the TOSA Vela was given, which "
+                    "compile --target ethos-u... keeps): nothing to validate")
             if tosa is None:
                 notes.append(f"no {tosa_file.name} beside the .pte: delegate {d.index} not run on the "
                              "reference model")
         else:
             tosa = d.payload
         if tosa is not None:
-            payload_stats(tosa, pte, d.backend_id)
+            payload_stats(tosa, stats_path, d.backend_id)
             io_counts = entry_io_counts(tosa)
         else:  # the VGF's own count of its inputs and outputs is not read here; use the call's
             call = next(c for c in info.delegate_calls if c.delegate_index == d.index)
@@ -505,6 +515,14 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
         notes.append("this ExecuTorch runtime has no VgfBackend: each VGF ran on the ML SDK emulation "
                      "layer (lavapipe) instead, and the CPU part of the program did not run")
         runner: _Runner = _VgfRunner(wirings, by_index, len(info.outputs))
+    elif ethos_u:
+        notes.append("Vela's command stream itself is not executed here (this runtime has no "
+                     f"{ETHOS_U_BACKEND_ID}): the program ran in ExecuTorch with each Ethos-U delegate replaced "
+                     "by the TOSA Vela was given, on the TOSA reference model, and its CPU operators "
+                     "(the input quantize, the output dequantize) on ExecuTorch's kernels")
+        stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()
+                                                  if d.tosa is not None}, pte)
+        runner = _ExecuTorchRunner(stand_in, pte, wirings, by_index)
     else:
         runner = _ExecuTorchRunner(data, pte, wirings, by_index)
 
