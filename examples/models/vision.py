@@ -42,11 +42,12 @@ def mobilenet_v2(seed: int = 0) -> Example:
     return _seeded(seed, lambda: tv.models.mobilenet_v2(weights=None), (1, 3, 224, 224))
 
 
-def unet(seed: int = 0) -> Example:
-    """segmentation_models_pytorch U-Net with a ResNet-34 encoder, input (1, 3, 512, 512)."""
+def unet(seed: int = 0, size: int = 512) -> Example:
+    """segmentation_models_pytorch U-Net with a ResNet-34 encoder, input (1, 3, size, size)
+    (512 in the paper; `size` a multiple of 32)."""
     model_libs.prepare()
     import segmentation_models_pytorch as smp
 
     return _seeded(
-        seed, lambda: smp.Unet(encoder_name="resnet34", encoder_weights=None), (1, 3, 512, 512)
+        seed, lambda: smp.Unet(encoder_name="resnet34", encoder_weights=None), (1, 3, size, size)
     )
