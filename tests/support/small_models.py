@@ -135,25 +135,6 @@ def conv_relu6_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     return ConvRelu6Conv().eval(), (torch.randn(1, 3, 8, 8),)
 
 
-class ConvRelu6Skip(nn.Module):
-    """conv -> cat(relu6(y), y) -> conv: the relu6's input has a second reader, so its
-    domain keeps the negative values and the relu6 stays a CLAMP on codes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Conv2d(3, 8, 3, padding=1)
-        self.b = nn.Conv2d(16, 4, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.a(x)
-        return self.b(torch.cat([nn.functional.relu6(y), y], dim=1))
-
-
-def conv_relu6_skip(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(seed)
-    return ConvRelu6Skip().eval(), (torch.randn(1, 3, 8, 8),)
-
-
 class MobileBlock(nn.Module):
     """A MobileNet-style block: conv+BN+ReLU6, depthwise, residual add, cat,
     channel shuffle, average pooling and a linear head (policy I's target shape)."""

@@ -90,7 +90,6 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
-from codec_tosa.commutation.table import CLAMPING_TARGETS
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
@@ -119,7 +118,6 @@ class MaterializeStats:
     value_codes: int = 0  # q->dq pairs after encoded producer ports
     weights: int = 0
     biases: int = 0
-    identity_clamps: int = 0  # relu/relu6/clamp dropped: the identity on their domain's codes
     removed_constants: list[str] = field(default_factory=list)
 
 
@@ -142,7 +140,6 @@ def materialize_with_stats(edge_program: ExportedProgram) -> tuple[ExportedProgr
     m.annotate_int8_ops()
     m.encode_weights()
     m.insert_activation_codecs()
-    m.drop_identity_clamps()
     m.clean_up()
     return edge_program, stats
 
@@ -319,40 +316,6 @@ class _Materializer:
             if new is not node:
                 replace_fx_use(self._fx_use(u), new)
 
-    # Bounds of the clamping operators (CLAMPING_TARGETS): (lower, upper) argument names, or a constant.
-    _CLAMP_BOUNDS = {"aten.relu.default": (0.0, None), "aten.hardtanh.default": ("min_val", "max_val"),
-                     "aten.clamp.default": ("min", "max")}
-
-    def drop_identity_clamps(self) -> None:
-        """A relu/relu6/clamp on codes whose bounds encode to the ends of the code
-        range is the identity on codes (e.g. a relu in a domain calibrated after it,
-        `placement.plan`, whose zero point is the code minimum). Its readers read its
-        input's codes instead, so that no CLAMP (and no q/dq pair) is left for it, as
-        Arm's flow leaves none for a relu fused into the convolution before it."""
-        for op in range(self.g.num_ops):
-            target = self.g.op_target[op]
-            node = self.g.fx_op_node[op]
-            if target not in CLAMPING_TARGETS or node is None or len(self.g.op_out[op]) != 1:
-                continue
-            port = next((p for p in self.g.op_in[op] if self.ins[p] is not None), None)
-            out = self.outs[self.g.op_out[op][0]]
-            if port is None or out is None or out.theta is None or self.ins[port].domain != out.domain:
-                continue
-            theta = out.theta
-            lo, hi = (b if b is None or isinstance(b, float) else self.g.op_argument(op, b)
-                      for b in self._CLAMP_BOUNDS[target])
-            if not (_encodes_to(lo, theta, theta.qmin) and _encodes_to(hi, theta, theta.qmax)):
-                continue
-            q = next(iter(node.users), None)
-            dq = next(iter(q.users), None) if q is not None else None
-            source = node.args[0]
-            if (len(node.users) != 1 or q.target != Q_TENSOR or len(q.users) != 1 or dq is None
-                    or dq.target != DQ_TENSOR or not isinstance(source, torch.fx.Node)
-                    or source.target != DQ_TENSOR):
-                continue  # not the q -> dq the codecs pass writes after an encoded port
-            dq.replace_all_uses_with(source)
-            self.stats.identity_clamps += 1
-
     def _offline_codes(self, value: torch.Tensor, theta: Theta, name: str) -> tuple[torch.Tensor, torch.fx.Node]:
         """`value` encoded at compile time with theta (quantize_per_tensor, the plan's
         rounding); returns the decoded values and the dequantize that reads the codes."""
@@ -491,15 +454,6 @@ def _theta(codec: PortCodec, where: str) -> Theta:
         raise MaterializeError(f"{where}: encoded in domain {codec.domain} but the plan has no theta "
                                "(missing calibration)")
     return codec.theta
-
-
-def _encodes_to(bound: Any, theta: Theta, end: int) -> bool:
-    """Whether a clamp bound (None: unbounded) is at or past the code range's `end`."""
-    if bound is None:
-        return True
-    code = int(torch.ops.quantized_decomposed.quantize_per_tensor(
-        torch.tensor([float(bound)]), theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype)[0])
-    return code == end
 
 
 def _fake(node: torch.fx.Node) -> torch.Tensor:
