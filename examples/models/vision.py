@@ -43,7 +43,8 @@ def mobilenet_v2(seed: int = 0) -> Example:
 
 
 def unet(seed: int = 0, size: int = 512) -> Example:
-    """segmentation_models_pytorch U-Net with a ResNet-34 encoder, input (1, 3, size, size)."""
+    """segmentation_models_pytorch U-Net with a ResNet-34 encoder, input (1, 3, size, size)
+    (512 in the paper; `size` a multiple of 32)."""
     model_libs.prepare()
     import segmentation_models_pytorch as smp
 

@@ -59,6 +59,34 @@ def test_relu6_at_v_stays_on_codes(lowered):
     _matches_simulation(low, small_models.conv_relu6_conv()[1])
 
 
+def test_conv_relu6_domain_is_calibrated_after_the_relu6(lowered):
+    """conv -> relu6 -> conv at V: the conv's output domain learns its theta on
+    the relu6's output (zero point at the code minimum, scale from its maximum),
+    not on the conv's, whose negative half the relu6 drops; the artefact still
+    equals the simulation."""
+    import torch
+
+    model, x = small_models.conv_relu6_conv()
+    low = lowered("conv_relu6_conv", "V")
+    plan = low.planned.placement.plan
+    graph = low.planned.graph
+    relu6 = next(o for o in range(graph.num_ops) if graph.op_target[o] == "aten.hardtanh.default")
+    out = graph.op_out[relu6][0]
+    d = plan.value_domain[out]
+    assert d >= 0 and plan.domains[d].observe == out
+    with torch.no_grad():
+        pre = [model.a(*c) for c in small_models.calibration(x)]
+    hi = max(float(torch.clamp(t, 0, 6).max()) for t in pre)
+    assert min(float(t.min()) for t in pre) < -0.1  # the relu6 does drop something
+    theta = low.planned.thetas[d]
+    assert theta.zero_point == theta.qmin
+    assert theta.scale == pytest.approx(hi / 255, rel=1e-6)
+    _matches_simulation(low, x)
+
+
+_IO_KERNELS = {"quantized_decomposed::quantize_per_tensor", "quantized_decomposed::dequantize_per_tensor"}
+
+
 def test_mobile_block_at_i_is_one_integer_delegate(lowered):
     """conv+BN+ReLU6, depthwise, residual add, cat, shuffle, avg-pools, linear:
     one TOSA-1.0+INT delegate, no floating-point operator in it; only the input

@@ -128,3 +128,42 @@ def test_model_libs_shim_is_idempotent_and_makes_torchvision_importable() -> Non
     assert tv.__version__.startswith("0.28.0")
     schema = str(torch.ops.torchvision.nms.default._schema)
     assert schema == "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+
+
+def test_reestimated_batch_norms_normalise_held_out_batches() -> None:
+    from codec_tosa_examples.models.batch_norm import reestimate_batch_norms
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Conv2d(8, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8)]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1, bias=False), *layers).eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.weight.data.mul_(0.2)  # shrinks activations layer by layer under default statistics
+    held_out = torch.randn(16, 3, 12, 12, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        before = model(held_out)
+    assert before.std() < 0.01
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    assert reestimate_batch_norms(model, (torch.zeros(1, 3, 12, 12),)) == 6
+    assert torch.equal(torch.rand(3), expected)
+    assert not any(m.training for m in model.modules())
+    with torch.no_grad():
+        after = model(held_out)
+    # each channel of the last batch norm close to zero mean, unit variance on unseen inputs
+    assert after.mean(dim=(0, 2, 3)).abs().max() < 0.2
+    assert ((after.var(dim=(0, 2, 3)) - 1).abs().max()) < 0.3
+    assert reestimate_batch_norms(torch.nn.Linear(2, 2), (torch.zeros(1, 2),)) == 0
+
+
+def test_unet_builder_takes_the_input_size() -> None:
+    from codec_tosa_examples.models.vision import unet
+
+    model, inputs = unet(size=64)
+    assert [tuple(x.shape) for x in inputs] == [(1, 3, 64, 64)]
+    with torch.no_grad():
+        assert tuple(model(*inputs).shape) == (1, 1, 64, 64)

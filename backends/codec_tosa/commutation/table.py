@@ -128,6 +128,13 @@ def _layout(target: str, src: str = "self", out: str = OUT) -> Row:
     return Row(target, "W", (src, out), ((src, out),))
 
 
+# The monotone rows (see _monotone). Placement reads them too: a domain whose
+# dominator is read only by one of them learns its theta after it.
+CLAMPING_TARGETS: tuple[str, ...] = (
+    "aten.relu.default", "aten.hardtanh.default", "aten.clamp.default",  # relu6 is hardtanh(0, 6)
+)
+
+
 def _monotone(target: str, src: str = "self") -> Row:
     # Commutes exactly with an affine codec of positive scale: a monotone map
     # that sends grid points to grid points (relu: max(q, zp); clamp(a, b):
@@ -208,9 +215,7 @@ def _default_rows() -> list[Row]:
     ]
     rows += [
         # V: monotone, grid to grid (see _monotone)
-        _monotone("aten.relu.default"),
-        _monotone("aten.hardtanh.default"),  # relu6 is hardtanh(0, 6)
-        _monotone("aten.clamp.default"),
+        *(_monotone(t) for t in CLAMPING_TARGETS),
         # I: Arm's INT8 lowering, new scale at the output (see _integer)
         _integer("aten.add.Tensor", ("self", "other")),  # RESCALE both to int32, ADD, RESCALE
         _integer("aten.sub.Tensor", ("self", "other")),

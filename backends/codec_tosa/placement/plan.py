@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from codec_tosa.commutation.table import CLAMPING_TARGETS
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement.domains import DomainSets
 from codec_tosa.placement.semantics import CODE, PLAIN, Semantics
@@ -84,12 +85,37 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
                 value_domain[x] = d.id
                 d.values.append(x)
 
+    for d in domains:
+        d.observe = _observed_after_clamps(graph, d, in_domain, value_domain)
     codecs = _local_codecs(graph, sem, in_domain, value_domain) if sets.local else \
         _nonlocal_codecs(graph, sem, in_domain, value_domain, fused_transcode)
     plan = Plan(domains, codecs, in_domain, value_domain)
     if labels:
         label_ports(graph, plan)
     return plan
+
+
+def _observed_after_clamps(graph: PortGraph, d: Domain, in_domain: list[int],
+                           value_domain: list[int]) -> int:
+    """Where `d` learns its theta: past relu/relu6/clamp operators (on codes, in
+    `d`) that are the only reader of the tensor at the dominator.
+
+    Every tensor of `d` reaches its readers through that clamp, and a
+    saturating encode is monotone, so it commutes with the clamp: encoding at
+    the clamp's output range gives the same codes after the clamp as before,
+    and does not spend half the code range on the negative values a relu
+    drops (which is where Arm's quantizer puts a conv+relu's scale too)."""
+    x = d.observe
+    while len(graph.val_uses[x]) == 1:
+        u = graph.val_uses[x][0]
+        op = graph.in_op[u]
+        if op < 0 or graph.op_target[op] not in CLAMPING_TARGETS or in_domain[u] != d.id:
+            break
+        outs = graph.op_out[op]
+        if len(outs) != 1 or value_domain[outs[0]] != d.id:
+            break
+        x = outs[0]
+    return x
 
 
 def label_ports(graph: PortGraph, plan: Plan) -> None:
