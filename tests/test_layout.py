@@ -17,7 +17,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("_passes",),
     ("analysis", "accounting", "serialization", "arm_adapter"),
     ("backend",),
-    ("planning", "partitioner", "simulation"),
+    ("planning", "partitioner", "simulation", "rounding_ambiguity"),
     ("runtime",),
     ("vgf",),
     ("tools",),

@@ -22,6 +22,8 @@ bit instead of drifting by a few quantisation steps on deep models
   input's parameters (scale times the element count N, same zero point),
   then multiplied by 1/N. The plan asks for an FP32 mean of the decoded
   value; Arm adds this codec, and the artefact has it;
+* a layer norm reading a dequantize is evaluated as Arm decomposes it, whose
+  mean is such a mean of a decoded value (re-quantised the same way);
 * everything else is left to the eager operators: the codecs themselves
   (quantized_decomposed encode and decode, which the lowering reproduces),
   the FP32 operators, and the operators that move codes without arithmetic
@@ -32,12 +34,21 @@ The RESCALE arithmetic is in `codec_tosa.rescale`.
 
 Encodes round half to even (quantized_decomposed, the plan's semantics, and
 what `_passes/lower_codecs` lowers them to).
+
+The FP32 operators are the one place the two may legitimately differ: Arm
+decomposes LayerNorm, softmax, GELU... into TOSA operators whose float32
+results differ from PyTorch's by a few ulps, so an encode of such a value may
+round the other way near a rounding boundary. The simulator carries a bound on
+that difference through the FP32 operators (`rounding_ambiguity`) and lists
+the codes it makes ambiguous; `simulate_envelope` re-simulates with them
+flipped, which tells validate how far a correct artefact can be from the
+simulation (docs/DESIGN.md, "Validation").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -45,6 +56,7 @@ from codec_tosa.calibration import lifted_args
 from codec_tosa.graph import target_key
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.rescale import rescale
+from codec_tosa.rounding_ambiguity import AmbiguousCode, ambiguous_codes, error_bound
 
 _Q = "quantized_decomposed.quantize_per_tensor.default"
 _DQ = "quantized_decomposed.dequantize_per_tensor.default"
@@ -54,6 +66,7 @@ _LINEAR = "aten.linear.default"
 _MATMULS = ("aten.mm.default", "aten.bmm.default")
 _INTEGER_COMPUTE = (_CONV, _LINEAR, *_MATMULS)
 _MEANS = ("aten.mean.dim", "aten.mean.default")
+_LAYER_NORM = "aten.native_layer_norm.default"
 _INT8 = torch.int8
 
 
@@ -102,11 +115,16 @@ class SimulationStats:
 class IntegerSimulator(torch.fx.Interpreter):
     """Runs a materialised program; see the module docstring for what runs on codes."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule,
+                 flips: Mapping[str, Sequence[AmbiguousCode]] | None = None) -> None:
         super().__init__(gm)
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
         self.stats = SimulationStats()
+        # bound on |artefact - eager| of each FP32 value (absent: computed alike)
+        self.bounds: dict[torch.fx.Node, float] = {}
+        self.ambiguous: list[AmbiguousCode] = []
+        self.flips = dict(flips or {})  # codes to encode the other way, per quantize node
 
     def run_node(self, n: torch.fx.Node) -> Any:
         key = target_key(n.target) if n.op == "call_function" else ""
@@ -116,10 +134,17 @@ class IntegerSimulator(torch.fx.Interpreter):
             out = self._quantize_on_codes(n)
             if out is not None:
                 return out
+            return self._encode(n)
         elif key in _MEANS:
             out = self._mean_of_decoded(n)
             if out is not None:
                 return out
+        elif key == _LAYER_NORM:
+            ln = self._layer_norm_of_decoded(n)
+            if ln is not None:
+                shape = [(s, 0.0) for s in n.args[1]]
+                self.bounds[n] = error_bound(key, ln, [(self.env[n.args[0]], 0.0), *shape])
+                return ln
         elif key in _INTEGER_COMPUTE:
             acc = self._accumulate(n, key)
             if acc is not None:
@@ -128,7 +153,15 @@ class IntegerSimulator(torch.fx.Interpreter):
                 return acc.values
             if self._lowered_int8(n):
                 self.stats.float_fallbacks.append(n.name)
-        return super().run_node(n)
+        out = super().run_node(n)
+        if key:
+            operands = [(self.env[a] if isinstance(a, torch.fx.Node) else a,
+                         self.bounds.get(a, 0.0) if isinstance(a, torch.fx.Node) else 0.0)
+                        for a in _flat(n.args) if isinstance(a, (torch.fx.Node, int, float))]
+            bound = error_bound(key, out, operands)
+            if bound > 0:
+                self.bounds[n] = bound
+        return out
 
     # ---- codecs ------------------------------------------------------------
     def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor:
@@ -162,6 +195,24 @@ class IntegerSimulator(torch.fx.Interpreter):
             return rescale(held.codes, [held.scales[0] / float(scale)], held.zero_points[0], int(zp), _INT8)
         return None
 
+    def _encode(self, n: torch.fx.Node) -> torch.Tensor:
+        """An encode of an FP32 value: its codes, the ones the artefact may round
+        the other way, and the flips asked for."""
+        codes = super().run_node(n)
+        src = n.args[0]
+        bound = self.bounds.get(src, 0.0) if isinstance(src, torch.fx.Node) else 0.0
+        if bound > 0:
+            _, scale, zp, qmin, qmax, _ = _args(n, self)
+            self.ambiguous += ambiguous_codes(n.name, self.env[src], codes, bound, float(scale), int(zp),
+                                              int(qmin), int(qmax))
+        flips = self.flips.get(n.name)
+        if flips:
+            codes = codes.clone()
+            flat = codes.view(-1)
+            for f in flips:
+                flat[f.index] = f.alternative
+        return codes
+
     def _mean_of_decoded(self, n: torch.fx.Node) -> torch.Tensor | None:
         """A mean whose input is a per-tensor dequantize, as Arm decomposes it."""
         src = n.args[0]
@@ -172,8 +223,18 @@ class IntegerSimulator(torch.fx.Interpreter):
         args = _args(n, self)
         dims = args[1] if len(args) > 1 and args[1] is not None else list(range(x.dim()))
         keepdim = bool(args[2]) if len(args) > 2 else False
-        # Arm drops reduced dimensions of size 1 and sums the others one at a time
         dims = [d % x.dim() for d in dims]
+        total = self._requantised_mean(n, x, held, dims)
+        out_shape = [s if d not in dims else 1 for d, s in enumerate(x.shape)] if keepdim else \
+            [s for d, s in enumerate(x.shape) if d not in dims]
+        return total.reshape(out_shape)
+
+    def _requantised_mean(self, n: torch.fx.Node, x: torch.Tensor, held: _Codes,
+                          dims: list[int]) -> torch.Tensor:
+        """Arm's DecomposeMeanDimPass on a decoded `x` (dims kept): the sum is
+        re-quantised at the input's parameters (scale times the count N, same
+        zero point), then multiplied by 1/N."""
+        # Arm drops reduced dimensions of size 1 and sums the others one at a time
         reduced = [d for d in dims if x.shape[d] != 1]
         count = 1
         for d in reduced:
@@ -187,9 +248,35 @@ class IntegerSimulator(torch.fx.Interpreter):
             total = _fake_quantize(total, theta)
             total = total * (1 / count)
             self.stats.requantised_means.append(n.name)
-        out_shape = [s if d not in dims else 1 for d, s in enumerate(x.shape)] if keepdim else \
-            [s for d, s in enumerate(x.shape) if d not in dims]
-        return total.reshape(out_shape)
+        return total
+
+    def _layer_norm_of_decoded(self, n: torch.fx.Node) -> tuple[torch.Tensor, ...] | None:
+        """A layer norm whose input is a per-tensor dequantize, as Arm decomposes
+        it: its mean is a mean of a decoded value, so Arm re-quantises the sum
+        (`_requantised_mean`); then x - mean, the mean of its square (a
+        sequential sum times 1/N), + eps, RSQRT, times weight, plus bias."""
+        src = n.args[0]
+        held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
+        if held is None or held.axis is not None:
+            return None
+        x = self.env[src]
+        _, shape, weight, bias, eps = _args(n, self)
+        dims = list(range(x.dim() - len(shape), x.dim()))
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+        mean = self._requantised_mean(n, x, held, dims)
+        centred = x - mean
+        square = centred * centred
+        for d in dims:
+            square = _sequential_sum(square, d)
+        rstd = torch.rsqrt(square * (1 / count) + eps)
+        out = centred * rstd
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        return out, mean, rstd
 
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
@@ -256,6 +343,12 @@ def _sequential_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return total
 
 
+def _flat(args: Any) -> list[Any]:
+    if isinstance(args, (list, tuple)):
+        return [b for a in args for b in _flat(a)]
+    return [args]
+
+
 def _args(n: torch.fx.Node, interp: torch.fx.Interpreter) -> tuple[Any, ...]:
     args, kwargs = interp.fetch_args_kwargs_from_env(n)
     if kwargs:
@@ -284,11 +377,7 @@ def _is_int8_quantize(n: torch.fx.Node) -> bool:
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]
                         ) -> tuple[list[torch.Tensor], SimulationStats]:
     """`simulate`, and which operators it evaluated on codes."""
-    sim = planned.materialized()
-    runner = IntegerSimulator(sim.graph_module)
-    with torch.no_grad():
-        out = runner.run(*lifted_args(sim, inputs))
-    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    outs, runner = _run(planned.materialized(), inputs)
     return outs, runner.stats
 
 
@@ -297,4 +386,64 @@ def simulate(planned: PlannedProgram, inputs: Sequence[torch.Tensor]) -> list[to
     return simulate_with_stats(planned, inputs)[0]
 
 
-__all__ = ["IntegerSimulator", "SimulationStats", "simulate", "simulate_with_stats"]
+# re-simulations per input set: one per ambiguous code, up to this many, plus all flipped together
+MAX_FLIPS = 64
+
+
+@dataclass
+class Envelope:
+    """The simulation on one input set and how far a correct artefact may be from it."""
+
+    outputs: list[torch.Tensor]
+    # per output element: sum over ambiguous codes of how far flipping that one code
+    # moves it, or how far flipping all together moves it, whichever is larger
+    allowance: list[torch.Tensor]
+    ambiguous: list[AmbiguousCode]
+    resimulations: int
+
+    @property
+    def complete(self) -> bool:
+        """Every ambiguous code was flipped alone (at most MAX_FLIPS of them)."""
+        return len(self.ambiguous) <= MAX_FLIPS
+
+
+def _run(sim: Any, inputs: Sequence[torch.Tensor],
+         flips: Mapping[str, Sequence[AmbiguousCode]] | None = None
+         ) -> tuple[list[torch.Tensor], IntegerSimulator]:
+    runner = IntegerSimulator(sim.graph_module, flips)
+    with torch.no_grad():
+        out = runner.run(*lifted_args(sim, inputs))
+    return (list(out) if isinstance(out, (list, tuple)) else [out]), runner
+
+
+def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
+                      max_flips: int = MAX_FLIPS) -> Envelope:
+    """`simulate`, the codes the artefact may round the other way (encodes of FP32
+    values Arm computes differently, within the bound of a rounding boundary), and
+    the outputs' allowance: each ambiguous code flipped alone (the first
+    `max_flips`) and all flipped together, re-simulated."""
+    sim = planned.materialized()
+    base, runner = _run(sim, inputs)
+    ambiguous = runner.ambiguous
+    allowance = [torch.zeros(b.shape, dtype=torch.float64) for b in base]
+    runs = 0
+    if ambiguous:
+        by_node: dict[str, list[AmbiguousCode]] = {}
+        for a in ambiguous:
+            by_node.setdefault(a.node, []).append(a)
+        together, _ = _run(sim, inputs, by_node)
+        summed = [torch.zeros_like(a) for a in allowance]
+        for a in ambiguous[:max_flips]:
+            moved, _ = _run(sim, inputs, {a.node: [a]})
+            summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
+        runs = 1 + min(len(ambiguous), max_flips)
+        allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
+    return Envelope(base, allowance, ambiguous, runs)
+
+
+def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.reshape(b.shape).to(torch.float64) - b.to(torch.float64)).abs()
+
+
+__all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "SimulationStats", "simulate", "simulate_envelope",
+           "simulate_with_stats"]

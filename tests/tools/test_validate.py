@@ -69,6 +69,17 @@ def test_validate_checks_every_sample_and_passes_within_one_step(compiled, capsy
     assert capsys.readouterr().out.splitlines()[-1] == "PASS"
 
 
+def test_without_fp32_fed_encodes_nothing_is_ambiguous_and_agreement_is_exact(compiled, capsys) -> None:
+    """conv -> relu -> conv: the ReLU is computed alike by the artefact, so no
+    code may round the other way, no allowance is stored, and the artefact
+    equals the simulation bit for bit."""
+    io = np.load(compiled["dir"] / "W" / "reference_io.npz")
+    assert io["ambiguous_codes"].tolist() == [0] * (1 + SAMPLES) and "sample_allowance_0" not in io
+    v = validate(compiled["W"])
+    assert v.ambiguous_codes == 0 and v.outputs[0].steps == 0.0 and v.outputs[0].beyond_allowance is None
+    assert "ambiguous codes: 0 " in "\n".join(v.lines())
+
+
 def test_a_sample_off_by_three_steps_fails_and_is_named(compiled, tmp_path) -> None:
     io = dict(np.load(compiled["dir"] / "W" / "reference_io.npz"))
     step = float(io["step_0"])

@@ -19,7 +19,7 @@ from codec_tosa import progress as lowering_progress  # compile_model has a `pro
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
-from codec_tosa.simulation import simulate
+from codec_tosa.simulation import Envelope, simulate, simulate_envelope
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.tools.loading import load_and_export
@@ -232,9 +232,15 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         with torch.no_grad():
             eager = _as_list(loaded.module(*loaded.inputs))
             sample_eager = [_as_list(loaded.module(*x)) for x in held_out]
-        simulated = simulate(planned, loaded.inputs) if planned is not None else eager
-        sample_simulated = ([simulate(planned, x) for x in held_out] if planned is not None
-                            else sample_eager)
+        # the simulation, and how far a correct artefact may be from it (docs/DESIGN.md, "Validation")
+        envelopes = ([simulate_envelope(planned, x) for x in [loaded.inputs, *held_out]]
+                     if planned is not None and not spec.reference else [])
+        if envelopes:
+            simulated, sample_simulated = envelopes[0].outputs, [e.outputs for e in envelopes[1:]]
+        else:
+            simulated = simulate(planned, loaded.inputs) if planned is not None else eager
+            sample_simulated = ([simulate(planned, x) for x in held_out] if planned is not None
+                                else sample_eager)
         sensitivity = (rounding_sensitivity(planned, loaded.inputs, simulated)
                        if planned is not None and not spec.reference else None)
         bar.n = len(STAGES)
@@ -261,6 +267,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
                              "codec_items_m": tr.codec_items / 1e6,
                              "domains": len(planned.placement.plan.domains),
                              "codecs": len(planned.placement.plan.codecs)}
+    if envelopes:
+        report["ambiguous_codes"] = envelope_summary(envelopes)
 
     fallback = fp32_steps(eager)
     steps_per_output = planned.output_steps(fallback) if planned is not None else fallback
@@ -271,7 +279,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         for name, data in lowered.files.items():
             (tmp / name).write_bytes(data)
         np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
-                                                     sensitivity, held_out, sample_eager, sample_simulated))
+                                                     sensitivity, held_out, sample_eager, sample_simulated),
+                 **envelope_arrays(envelopes))
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT, *lowered.files):
@@ -313,6 +322,34 @@ def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
             for i in range(len(cases[0])):
                 arrays[f"sample_{name}_{i}"] = np.stack([c[i].detach().numpy() for c in cases])
     return arrays
+
+
+def envelope_arrays(envelopes: Sequence[Envelope]) -> dict[str, np.ndarray]:
+    """The envelopes in reference_io.npz, per input set (the example, then the
+    samples): ambiguous_codes and envelope_complete; per output, when some code
+    is ambiguous, allowance_i (the example's) and sample_allowance_i."""
+    if not envelopes:
+        return {}
+    arrays = {"ambiguous_codes": np.array([len(e.ambiguous) for e in envelopes], dtype=np.int64),
+              "envelope_complete": np.array([e.complete for e in envelopes])}
+    if any(e.ambiguous for e in envelopes):
+        for i in range(len(envelopes[0].allowance)):
+            arrays[f"allowance_{i}"] = envelopes[0].allowance[i].numpy()
+            if len(envelopes) > 1:
+                arrays[f"sample_allowance_{i}"] = np.stack([e.allowance[i].numpy() for e in envelopes[1:]])
+    return arrays
+
+
+def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:
+    """report.json's account of the ambiguous codes, per input set (the example first)."""
+    from codec_tosa.rounding_ambiguity import FP32_EPS
+
+    return {"per_input_set": [len(e.ambiguous) for e in envelopes],
+            "total": sum(len(e.ambiguous) for e in envelopes),
+            "encodes": sorted({a.node for e in envelopes for a in e.ambiguous}),
+            "resimulations": sum(e.resimulations for e in envelopes),
+            "complete": all(e.complete for e in envelopes),
+            "fp32_eps": FP32_EPS}
 
 
 def sqnr_warnings(eager: Sequence[Sequence[torch.Tensor]], approx: Sequence[Sequence[torch.Tensor]]

@@ -1,0 +1,157 @@
+"""Where the artefact may legitimately encode a different code than the simulation.
+
+`simulate()` reproduces the artefact's integer arithmetic exactly, but runs the
+FP32 operators between codecs in eager PyTorch, while the artefact runs Arm's
+TOSA decomposition of each (LayerNorm, softmax, erf/GELU, sigmoid, means...).
+Those land up to a few float32 ulps away from PyTorch's result, so an encode
+reading such a value can round the other way when the value lies that close to
+a rounding boundary (docs/DESIGN.md, "Validation").
+
+This module holds the facts the simulation needs to find those codes:
+
+* which operators the artefact computes bit-identically in IEEE float32
+  (`EXACT_OPERATORS`: elementwise add/sub/mul, selections, layout, casts):
+  everything else is a source of disagreement;
+* `FP32_EPS`, the bound on that disagreement: ``|artefact - eager| <=
+  FP32_EPS * kappa * max|eager|`` over the operator's output tensor, where
+  kappa is 1 except for a layer norm, whose decomposition subtracts a rounded
+  mean: there kappa = max|x| / max|x - mean(x)| (the cancellation it suffers).
+  `benchmarks/fp32_error.py` measured at most 4.2 ulps (2**-23) of
+  ``kappa * max|eager|`` over LayerNorm (inputs with means up to 10 times
+  their spread), softmax, GELU (erf), sigmoid, tanh, exp, hardswish and a
+  mean; the margin, 16 ulps, is about 4 times that;
+* `error_bound`, how an operator carries its inputs' bounds to its output
+  (first order: add/sub add them, mul scales them by the other operand's
+  magnitude, a selection keeps the largest, an inexact operator adds its own
+  to its inputs' relative error);
+* `ambiguous_codes`, the elements of an encode within that bound of a rounding
+  boundary, with the code the artefact would give on the other side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+ULP = 2.0 ** -23
+# about 4x the worst disagreement benchmarks/fp32_error.py measured (4.2 ulps of kappa * max|eager|)
+FP32_EPS = 16 * ULP
+_LAYER_NORMS = frozenset({"aten.native_layer_norm.default", "aten.layer_norm.default"})
+
+# computed by the artefact exactly as by eager PyTorch, given the same inputs
+_SELECTIONS = frozenset({
+    "aten.view_copy.default", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+    "aten.permute_copy.default", "aten.permute.default", "aten.transpose.int", "aten.t_copy.default",
+    "aten.clone.default", "dim_order_ops._clone_dim_order.default", "aten.alias_copy.default",
+    "aten.expand_copy.default", "aten.expand.default", "aten.slice_copy.Tensor", "aten.slice.Tensor",
+    "aten.select_copy.int", "aten.select.int", "aten.squeeze_copy.dims", "aten.squeeze_copy.dim",
+    "aten.squeeze.dim", "aten.unsqueeze_copy.default", "aten.unsqueeze.default", "aten.cat.default",
+    "aten.constant_pad_nd.default", "aten.max_pool2d.default", "aten.max_pool2d_with_indices.default",
+    "aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default", "aten.split_with_sizes_copy.default",
+    "aten.split_copy.Tensor", "aten.split.Tensor", "aten.split_with_sizes.default", "getitem",
+    "aten.relu.default", "aten.hardtanh.default", "aten.clamp.default", "aten.clamp.Tensor",
+    "aten.maximum.default", "aten.minimum.default", "aten.neg.default", "aten.abs.default",
+    "aten.where.self", "aten._to_copy.default", "dim_order_ops._to_dim_order_copy.default",
+    "aten.repeat.default", "aten.index_select.default", "aten.flip.default", "aten.full_like.default",
+    "aten.scalar_tensor.default", "aten.full.default", "aten.zeros_like.default", "aten.ones_like.default",
+})
+_SUMS = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.add.Scalar", "aten.sub.Scalar",
+                   "aten.rsub.Scalar"})
+_PRODUCTS = frozenset({"aten.mul.Tensor", "aten.mul.Scalar"})
+EXACT_OPERATORS = _SELECTIONS | _SUMS | _PRODUCTS
+
+
+def _max_abs(value: Any) -> float:
+    t = first_float_tensor(value)
+    return float(t.detach().abs().max()) if t is not None and t.numel() else 0.0
+
+
+def first_float_tensor(value: Any) -> torch.Tensor | None:
+    """The value itself, or the first floating-point tensor of a tuple output."""
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() else None
+    if isinstance(value, (list, tuple)):
+        return next((t for t in (first_float_tensor(v) for v in value) if t is not None), None)
+    return None
+
+
+def error_bound(key: str, out: Any, operands: Sequence[tuple[Any, float]]) -> float:
+    """Bound on |artefact - eager| over `out`, the value of operator `key`, whose
+    operands are (value, its bound) pairs (non-tensor operands with bound 0)."""
+    if first_float_tensor(out) is None:
+        return 0.0  # masks, indices: not encoded
+    bounds = [b for _, b in operands]
+    if key in _SELECTIONS:
+        return max(bounds, default=0.0)
+    if key in _SUMS:
+        return sum(bounds)
+    if key in _PRODUCTS:
+        if not any(bounds):
+            return 0.0
+        mags = [_max_abs(v) if isinstance(v, torch.Tensor) else abs(float(v)) if isinstance(v, (int, float))
+                else 0.0 for v, _ in operands]
+        # |a b - a' b'| <= |b| da + |a| db + da db, for two operands
+        if len(operands) == 2:
+            (da, db), (ma, mb) = bounds, mags
+            return mb * da + ma * db + da * db
+        return sum(bounds) * max(mags, default=1.0)
+    # an operator Arm decomposes: its own disagreement plus its inputs', carried
+    # as relative error (first order; no Lipschitz constant is known in general)
+    rel_in = sum(b / m for (v, b) in operands if b for m in [_max_abs(v)] if m > 0)
+    kappa = layer_norm_condition(operands) if key in _LAYER_NORMS else 1.0
+    return (FP32_EPS * kappa + rel_in) * _max_abs(out)
+
+
+def layer_norm_condition(operands: Sequence[tuple[Any, float]]) -> float:
+    """max|x| / max|x - mean(x)| over the normalised dimensions: how much the
+    rounding of the mean costs a layer norm's output (1 for a centred input)."""
+    x, shape = operands[0][0], [v for v, _ in operands[1:] if isinstance(v, int) and not isinstance(v, bool)]
+    if not isinstance(x, torch.Tensor) or not x.numel():
+        return 1.0
+    dims = tuple(range(x.dim() - max(len(shape), 1), x.dim()))
+    x = x.detach().to(torch.float64)
+    spread = float((x - x.mean(dim=dims, keepdim=True)).abs().max())
+    return max(1.0, float(x.abs().max()) / spread) if spread > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class AmbiguousCode:
+    """One element of an encode that the artefact may round the other way."""
+
+    node: str  # the quantize node of the materialised program
+    index: int  # flat index into its output
+    code: int  # the simulation's code
+    alternative: int  # the code on the other side of the boundary
+    distance: float  # from the boundary, in quantisation steps
+    margin: float  # the bound on the disagreement, in quantisation steps
+
+
+def ambiguous_codes(node: str, x: torch.Tensor, codes: torch.Tensor, bound: float, scale: float,
+                    zero_point: int, qmin: int, qmax: int) -> list[AmbiguousCode]:
+    """The elements of `codes` = quantize(x) whose x lies within `bound` of a
+    rounding boundary, so that an x' with |x' - x| <= bound may encode differently."""
+    if bound <= 0 or not x.numel():
+        return []
+    inv_scale = 1.0 / scale
+    # x * inv_scale in float32 as quantized_decomposed computes it, then exactly in float64
+    t = (x.detach().to(torch.float32) * inv_scale).to(torch.float64).reshape(-1)
+    nearest = torch.round(t)
+    distance = 0.5 - (t - nearest).abs()
+    # the margin in steps, plus the ulp of t the product rounds to
+    margin = bound * inv_scale * (1 + 2 ** -20) + t.abs() * ULP
+    near = torch.nonzero(distance <= margin).reshape(-1)
+    flat = codes.reshape(-1)
+    found = []
+    for i in near.tolist():
+        code = int(flat[i])
+        step = 1 if float(t[i]) >= float(nearest[i]) else -1
+        alternative = min(max(code + step, qmin), qmax)
+        if alternative != code:
+            found.append(AmbiguousCode(node, i, code, alternative, float(distance[i]), float(margin[i])))
+    return found
+
+
+__all__ = ["AmbiguousCode", "EXACT_OPERATORS", "FP32_EPS", "ambiguous_codes", "error_bound",
+           "first_float_tensor"]
