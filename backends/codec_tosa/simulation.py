@@ -116,8 +116,12 @@ class IntegerSimulator(torch.fx.Interpreter):
     """Runs a materialised program; see the module docstring for what runs on codes."""
 
     def __init__(self, gm: torch.fx.GraphModule,
-                 flips: Mapping[str, Sequence[AmbiguousCode]] | None = None) -> None:
+                 flips: Mapping[str, Sequence[AmbiguousCode]] | None = None,
+                 fp32_delegated: bool = True) -> None:
         super().__init__(gm)
+        # False at integer-only policies: an FP32 layer norm then runs on the
+        # CPU (ExecuTorch's kernel), not as Arm's TOSA decomposition
+        self.fp32_delegated = fp32_delegated
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
         self.stats = SimulationStats()
@@ -255,6 +259,8 @@ class IntegerSimulator(torch.fx.Interpreter):
         it: its mean is a mean of a decoded value, so Arm re-quantises the sum
         (`_requantised_mean`); then x - mean, the mean of its square (a
         sequential sum times 1/N), + eps, RSQRT, times weight, plus bias."""
+        if not self.fp32_delegated:
+            return None
         src = n.args[0]
         held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
         if held is None or held.axis is not None:
@@ -377,7 +383,7 @@ def _is_int8_quantize(n: torch.fx.Node) -> bool:
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]
                         ) -> tuple[list[torch.Tensor], SimulationStats]:
     """`simulate`, and which operators it evaluated on codes."""
-    outs, runner = _run(planned.materialized(), inputs)
+    outs, runner = _run(planned, planned.materialized(), inputs)
     return outs, runner.stats
 
 
@@ -407,10 +413,10 @@ class Envelope:
         return len(self.ambiguous) <= MAX_FLIPS
 
 
-def _run(sim: Any, inputs: Sequence[torch.Tensor],
+def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
          flips: Mapping[str, Sequence[AmbiguousCode]] | None = None
          ) -> tuple[list[torch.Tensor], IntegerSimulator]:
-    runner = IntegerSimulator(sim.graph_module, flips)
+    runner = IntegerSimulator(sim.graph_module, flips, fp32_delegated=not planned.spec.integer_only)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
     return (list(out) if isinstance(out, (list, tuple)) else [out]), runner
@@ -423,7 +429,7 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
     the outputs' allowance: each ambiguous code flipped alone (the first
     `max_flips`) and all flipped together, re-simulated."""
     sim = planned.materialized()
-    base, runner = _run(sim, inputs)
+    base, runner = _run(planned, sim, inputs)
     ambiguous = runner.ambiguous
     allowance = [torch.zeros(b.shape, dtype=torch.float64) for b in base]
     runs = 0
@@ -431,10 +437,10 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
         by_node: dict[str, list[AmbiguousCode]] = {}
         for a in ambiguous:
             by_node.setdefault(a.node, []).append(a)
-        together, _ = _run(sim, inputs, by_node)
+        together, _ = _run(planned, sim, inputs, by_node)
         summed = [torch.zeros_like(a) for a in allowance]
         for a in ambiguous[:max_flips]:
-            moved, _ = _run(sim, inputs, {a.node: [a]})
+            moved, _ = _run(planned, sim, inputs, {a.node: [a]})
             summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
         runs = 1 + min(len(ambiguous), max_flips)
         allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
