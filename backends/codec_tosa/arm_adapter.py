@@ -285,9 +285,9 @@ def _permutes_cross_codecs() -> Iterator[None]:
     with an elementwise operator whose other inputs are all-ones broadcasts,
     so for our codec operators (and only those) the passes now cross them
     like any single-input operator (docs/DESIGN.md, "Codec lowering").
-    Only where permutes travel changes, never what is computed; `_move_node` relinks input 0, which is the data input of every
-    codec operator (the test suite checks the lowered codecs bit-exact on
-    the reference model).
+    Only where permutes travel changes, never what is computed; `_move_node`
+    relinks input 0, which is the data input of every codec operator (the
+    test suite checks the lowered codecs bit-exact on the reference model).
     """
     import torch
     from executorch.backends.transforms.fuse_identical_input_transforms_pass import (

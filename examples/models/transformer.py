@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -22,6 +24,17 @@ class _LastHidden(nn.Module):
         return self.inner(**{self.kwarg: x}).last_hidden_state
 
 
+def _seeded_tower(seed: int, build: Callable[[], nn.Module], kwarg: str,
+                  input_shape: tuple[int, ...]) -> Example:
+    """`build()` and one random input of `input_shape`, both from `seed` (the caller's
+    random state is left alone); the tower returns its last hidden state."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = _LastHidden(build(), kwarg).eval()
+        example = (torch.randn(*input_shape),)
+    return model, example
+
+
 def vit_tiny(seed: int = 0) -> Example:
     """A 2-layer transformers ViT: hidden 64, 4 heads, 32x32 input, patch 8, SDPA attention.
 
@@ -40,11 +53,8 @@ def vit_tiny(seed: int = 0) -> Example:
         patch_size=8,
         attn_implementation="sdpa",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = _LastHidden(ViTModel(config, add_pooling_layer=False), "pixel_values").eval()
-        example = (torch.randn(1, 3, 32, 32),)
-    return model, example
+    return _seeded_tower(seed, lambda: ViTModel(config, add_pooling_layer=False), "pixel_values",
+                         (1, 3, 32, 32))
 
 
 def siglip(seed: int = 0) -> Example:
@@ -69,11 +79,7 @@ def siglip(seed: int = 0) -> Example:
         # the analysis keeps it whole; lowering decomposes it like any other op.
         attn_implementation="sdpa",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = _LastHidden(SiglipVisionModel(config), "pixel_values").eval()
-        example = (torch.randn(1, 3, 512, 512),)
-    return model, example
+    return _seeded_tower(seed, lambda: SiglipVisionModel(config), "pixel_values", (1, 3, 512, 512))
 
 
 def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
@@ -104,10 +110,9 @@ def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
         # the analysis keeps it whole; lowering decomposes it like any other op.
         attn_implementation="sdpa",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
+    def decoder() -> nn.Module:
         inner = LlamaModel(config)
         inner.embed_tokens = None
-        model = _LastHidden(inner, "inputs_embeds").eval()
-        example = (torch.randn(1, 128, 576),)
-    return model, example
+        return inner
+
+    return _seeded_tower(seed, decoder, "inputs_embeds", (1, 128, 576))
