@@ -30,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import sys
@@ -89,7 +90,7 @@ class Tosa:
 
 def _tosa(flatbuffers: list[bytes]) -> Tosa:
     """Counts and traffic of the flatbuffers Vela was given, summed."""
-    from codec_tosa.serialization.tosa_stats import iter_operators, tosa_stats
+    from codec_tosa.serialization.tosa_stats import rescale_neighbours, tosa_stats
 
     stats = [tosa_stats(b) for b in flatbuffers]
     by_type: Counter[str] = Counter()
@@ -98,16 +99,9 @@ def _tosa(flatbuffers: list[bytes]) -> Tosa:
     fed_by: Counter[str] = Counter()
     read_by: Counter[str] = Counter()
     for buf in flatbuffers:
-        ops = list(iter_operators(buf))
-        producer = {t: o.op for o in ops for t in o.outputs}
-        readers: dict[str, list[str]] = {}
-        for o in ops:
-            for t in o.inputs:
-                readers.setdefault(t, []).append(o.op)
-        for o in ops:
-            if o.op == "RESCALE":
-                fed_by[producer.get(o.inputs[0], "input")] += 1
-                read_by["+".join(sorted(readers.get(o.outputs[0], ["output"])))] += 1
+        fed, read = rescale_neighbours(buf)
+        fed_by.update(fed)
+        read_by.update(read)
     return Tosa(flatbuffers, sum(s.operators - s.const_ops - s.const_shape_ops for s in stats), by_type.get("RESCALE", 0),
                 sum(s.traffic_bytes for s in stats), sum(s.fused_traffic_bytes for s in stats),
                 {"operators_by_type": dict(sorted(by_type.items())),
@@ -177,20 +171,22 @@ def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, c
 
 
 def run_ours(model: str, target: str, module: torch.nn.Module, inputs: tuple, calib: list[tuple],
-             tests: list[tuple], eager: list[torch.Tensor]) -> Row:
+             tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None) -> Row:
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
     t = time.perf_counter()
-    low = lower_program(torch.export.export(module, inputs), CodecSpec(policy="I", target=target), calib)
+    spec = CodecSpec(policy="I", target=target, placement=placement)
+    low = lower_program(torch.export.export(module, inputs), spec, calib)
     lowering = time.perf_counter() - t
     vela = low.report["vela"]
     info = inspect_pte(low.pte)
     vela = vela | {"delegates": len(info.delegate_ids), "program_cpu_ops": len(info.operators)}
     got = [_first(simulate(low.planned, x)) for x in tests]
-    return _row(model, target, "ours (I)", vela, _tosa(list(low.files.values())),
+    flow = "ours (I)" if placement is None else f"ours (I, {placement})"
+    return _row(model, target, flow, vela, _tosa(list(low.files.values())),
                 vela["cpu_ops"] - len(info.operators), lowering, _sqnr(eager, got))
 
 
@@ -228,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--targets", nargs="+", default=list(DEFAULT_TARGETS))
     p.add_argument("--unet-size", type=int, default=256, help="U-Net input height and width")
     p.add_argument("--samples", type=int, default=4, help="held-out inputs for SQNR")
+    p.add_argument("--placements", nargs="+", default=[None], type=lambda s: None if s == "default" else s,
+                   help="our placements, one row each (default: the spec's default at policy I, "
+                        "nonlocal+share)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--tosa-dir", type=Path, help="also write each row's TOSA here, for running Vela "
                    "with --verbose-performance on it (per-layer cycles)")
@@ -245,12 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch.no_grad():
             eager = [_first(module(*x)) for x in tests]
         for target in args.targets:
-            for run in (run_stock, run_ours):
+            runs = [run_stock] + [functools.partial(run_ours, placement=pl) for pl in args.placements]
+            for run in runs:
                 rows.append(run(model, target, module, inputs, calib, tests, eager))
                 print(f"[{model} {target} {rows[-1].flow}] {rows[-1].cycles} cycles", file=sys.stderr, flush=True)
                 if args.tosa_dir:
                     args.tosa_dir.mkdir(parents=True, exist_ok=True)
-                    flow = rows[-1].flow.split()[0]
+                    flow = rows[-1].flow.split()[0] + "".join(
+                        f"_{pl}" for pl in [getattr(run, "keywords", {}).get("placement")] if pl)
                     for k, buf in enumerate(rows[-1].tosa):
                         (args.tosa_dir / f"{model}_{target}_{flow}_{k}.tosa").write_bytes(buf)
                 rows[-1].tosa = []  # weights: megabytes per row

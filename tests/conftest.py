@@ -29,11 +29,12 @@ def _lowered(model: str, policy: str, placement: str, options: tuple[tuple[str, 
 
 @pytest.fixture(scope="session")
 def lowered() -> Callable[..., Any]:
-    """``lowered("conv_cat_reshape", "W", "nonlocal+coalesce", pool_constants=False)``:
+    """``lowered("conv_cat_reshape", "W", "nonlocal+coalesce", pool_constants=False)``
+    (placement None: the spec's default for the policy):
     the `Lowered` result (pte bytes, the PlannedProgram) of a tests/support/small_models
     builder, calibrated on `small_models.calibration`; computed once per session."""
 
-    def get(model: str, policy: str, placement: str = "nonlocal+coalesce", **options: Any) -> Any:
+    def get(model: str, policy: str, placement: str | None = None, **options: Any) -> Any:
         return _lowered(model, policy, placement, tuple(sorted(options.items())))
 
     return get

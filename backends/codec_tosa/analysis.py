@@ -86,7 +86,9 @@ class Analysis:
     def to_json(self) -> str:
         d = self.summary()
         d["domain_list"] = [
-            {"id": dm.id, "dominator": dm.dominator, "ports": dm.ports} for dm in self.domains
+            {"id": dm.id, "dominator": dm.dominator, "ports": dm.ports,
+             **({"shared_with": [label for label, _ in dm.shared]} if dm.shared else {})}
+            for dm in self.domains
         ]
         d["codec_list"] = [c.to_json() for c in self.codecs]
         d["per_op"] = [

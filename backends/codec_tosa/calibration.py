@@ -1,4 +1,5 @@
-"""Calibration: learn each domain's theta from the tensor at its absolute dominator."""
+"""Calibration: learn each domain's theta from the tensor at its absolute dominator
+(or the union of the ranges at its dominators, after shared coalescence)."""
 
 from __future__ import annotations
 
@@ -96,13 +97,16 @@ def learn_thetas(
     if not plan.domains:
         return {}
     check_calibration(ep, calibration)
-    where: dict[int, str] = {}
+    where: dict[int, list[str]] = {}
     for d in plan.domains:
-        node = graph.fx_value_node[d.observe]
-        if node is None:
-            raise CalibrationError(f"domain {d.id}: dominator {d.dominator} has no FX node")
-        where[d.id] = node.name
-    observer = _RangeObserver(ep.graph_module, set(where.values()))
+        names = []
+        for x, label in zip(d.observed, d.dominators):
+            node = graph.fx_value_node[x]
+            if node is None:
+                raise CalibrationError(f"domain {d.id}: dominator {label} has no FX node")
+            names.append(node.name)
+        where[d.id] = names
+    observer = _RangeObserver(ep.graph_module, {n for names in where.values() for n in names})
     # to_edge_transform_and_lower partitions under an active FakeTensorMode;
     # calibration needs real numbers
     with torch.no_grad(), unset_fake_temporarily():
@@ -110,12 +114,14 @@ def learn_thetas(
             observer.run(*lifted_args(ep, inputs, real_state))
     thetas: dict[int, Theta] = {}
     for d in plan.domains:
-        name = where[d.id]
-        lo, hi = observer.lo.get(name, 0.0), observer.hi.get(name, 0.0)
+        names = where[d.id]
+        seen = [n for n in names if n in observer.lo]  # empty tensors are not observed
+        lo = min((observer.lo[n] for n in seen), default=0.0)
+        hi = max((observer.hi[n] for n in seen), default=0.0)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CalibrationError(
-                f"domain {d.id} (dominator {d.dominator}, node {name}): calibration produced "
-                f"a non-finite range [{lo}, {hi}]")
+                f"domain {d.id} (dominator {' + '.join(d.dominators)}, node {', '.join(names)}): "
+                f"calibration produced a non-finite range [{lo}, {hi}]")
         thetas[d.id] = codec.learn(lo, hi)
     return thetas
 

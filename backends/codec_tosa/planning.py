@@ -70,6 +70,7 @@ class PlannedProgram:
         return {
             "domains": [
                 {"id": d.id, "dominator": d.dominator,
+                 **({"shared_with": [label for label, _ in d.shared]} if d.shared else {}),
                  **({"scale": self.thetas[d.id].scale, "zero_point": self.thetas[d.id].zero_point}
                     if d.id in self.thetas else {})}
                 for d in plan.domains

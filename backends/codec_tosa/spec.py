@@ -9,7 +9,7 @@ from typing import Any
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.commutation.table import CommutationTable
-from codec_tosa.placement.domains import COALESCE, check_placement
+from codec_tosa.placement.domains import COALESCE, SHARE, check_placement
 
 # Where the delegate runs: a TOSA flatbuffer run by CodecTosaBackend, a VGF file
 # run by Arm's VgfBackend (ML SDK for Vulkan), or Vela's command stream run by
@@ -28,10 +28,12 @@ class CodecSpec:
     """Options of `CodecTosaPartitioner`; `tosa=None` picks INT+FP (FP for policy Z,
     INT for policy I). `target` is ``tosa``, ``vgf`` or an Ethos-U accelerator
     (``ethos-u55-128``): the delegate is then Arm's EthosUBackend (Vela), which
-    takes policy I only."""
+    takes policy I only. `placement=None` picks ``nonlocal+share`` at policy I
+    (concatenations observed with their inputs, as Arm's INT8 quantizer does)
+    and ``nonlocal+coalesce`` otherwise."""
 
     policy: str = "W"
-    placement: str = COALESCE
+    placement: str | None = None
     tosa: str | None = None
     fused_transcode: bool = False
     pool_constants: bool = True
@@ -42,6 +44,10 @@ class CodecSpec:
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
+        if self.placement is None:
+            # frozen: the default depends on the policy, so it is filled in here
+            object.__setattr__(self, "placement",
+                               SHARE if self.policy == INTEGER_POLICY else COALESCE)
         check_placement(self.placement)
         if self.target not in TARGETS and not self.ethos_u:
             raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "

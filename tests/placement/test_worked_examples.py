@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from codec_tosa import analyze
-from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL
+from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, SHARE
+from codec_tosa.placement.dominators import DominatorError, verify_dominators
 
 from graphs import CLONE, PERMUTE, G
 
@@ -147,6 +150,35 @@ def test_7b_nested_cat_with_second_use_not_coalesced():
     assert {("decode", "inner"), ("encode", "inner")} <= set(codecs(co))
     fused = analyze(gr, "X", COALESCE, fused_transcode=True, verify=True)
     assert ("transcode", "inner") in codecs(fused)
+
+
+def test_7c_shared_coalescence_observes_both_dominators():
+    """nonlocal+share merges a cat input read elsewhere (the max-pool branch of an
+    Inception reduction block): no transcode, and the merged domain is observed at
+    both dominators, which together cut every path through it."""
+    g = G()
+    a_, b_, c_ = (g.conv(n, g.input(n + "_in")) for n in "abc")
+    inner = g.cat("inner", [a_, b_], (1, 16, 4, 4))
+    pooled = g.unary("p", PERMUTE, inner, (1, 16, 4, 4))
+    outer = g.cat("outer", [pooled, c_], (1, 24, 4, 4))
+    gr = g.output(outer, g.conv("side", inner))
+    co = analyze(gr, "W", COALESCE, verify=True)
+    assert ("transcode", "p") in codecs(co)
+    share = analyze(gr, "W", SHARE, verify=True)
+    assert not any(c.kind == "transcode" for c in share.codecs)
+    (dom,) = [d for d in share.domains if d.dominator == "outer"]
+    assert dom.dominators == ["outer", "inner"]
+    assert {"inner.out[0]", "side.input[0]", "outer.out[0]"} <= set(dom.ports)
+    assert [share.graph.val_name[x] for x in dom.observed] == ["outer", "inner"]
+    assert share.traffic_mib < co.traffic_mib
+    # without the inner dominator the side convolution's codes are seen by nobody
+    res = share.result
+    dom.shared = [("side", dom.shared[0][1])]  # a label outside the domain
+    with pytest.raises(DominatorError, match="not in the domain"):
+        verify_dominators(share.graph, res.semantics, res.plan)
+    dom.shared = [("o(c)", dom.shared[0][1])]  # in the domain, but not on the path through inner
+    with pytest.raises(DominatorError, match="avoids all of its dominators"):
+        verify_dominators(share.graph, res.semantics, res.plan)
 
 
 def test_traffic_numbers_conv_conv():

@@ -171,6 +171,36 @@ def mobile_block(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return m.eval(), (torch.randn(1, 3, 8, 8),)
 
 
+class InceptionReduction(nn.Module):
+    """An Inception reduction block: the stem's output feeds a strided convolution,
+    and half of its channels a max-pool; both are concatenated, then a 1x1
+    convolution. The max-pool's input is read by the convolution too, so the
+    cat's domain is shared with the stem's only under ``nonlocal+share``; the
+    channels that skip the pool have the widest range (scaled weights), so the
+    stem's range is wider than the cat's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.branch = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Conv2d(12, 8, 1)
+        with torch.no_grad():
+            self.stem[0].weight[4:] *= 4
+            self.branch[0].weight /= 4
+
+    def pooled(self, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.max_pool2d(y[:, :4], 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return self.head(torch.cat([self.branch(y), self.pooled(y)], dim=1))
+
+
+def inception_reduction(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return InceptionReduction().eval(), (torch.randn(1, 3, 8, 8),)
+
+
 class ConvTopkConv(nn.Module):
     """conv | topk on the CPU | conv: topk has no TOSA lowering in executorch 1.5.1,
     so the program holds a delegate before the CPU operator and one fed by it."""

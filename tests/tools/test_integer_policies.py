@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from codec_tosa.runtime.pte import delegate_payload, delegates, inspect_pte
-from codec_tosa.serialization.tosa_stats import float_operators, iter_constants, operator_dtypes, tosa_stats
+from codec_tosa.serialization.tosa_stats import (
+    float_operators, iter_constants, operator_dtypes, rescale_neighbours, tosa_stats,
+)
 from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
@@ -218,3 +220,38 @@ def test_an_ethos_u_pte_without_or_with_a_broken_model_tosa(compiled, tmp_path, 
     v = validate(pte)
     assert v.verdict is Verdict.FAIL and v.exit_status == 1, "\n".join(v.lines())
     capsys.readouterr()
+
+
+def _rescales_fed_by(payload: bytes, producer: str) -> int:
+    return rescale_neighbours(payload)[0][producer]
+
+
+def test_policy_i_shares_a_concatenation_with_its_inputs_domain(lowered, compiled):
+    """Inception reduction at I: by default (nonlocal+share) the max-pool branch
+    joins the cat's domain although the stem's output also feeds a convolution,
+    so no RESCALE follows the MAX_POOL2D (nonlocal+coalesce keeps one); the
+    domain learns its theta from the union of the stem's and the cat's ranges,
+    and the TOSA still equals the simulation."""
+    import torch
+
+    model, x = small_models.inception_reduction()
+    share = lowered("inception_reduction", "I")
+    coalesce = lowered("inception_reduction", "I", "nonlocal+coalesce")
+    assert share.planned.placement.placement == "nonlocal+share"
+    assert _rescales_fed_by(delegate_payload(coalesce.pte), "MAX_POOL2D") == 1
+    assert _rescales_fed_by(delegate_payload(share.pte), "MAX_POOL2D") == 0
+    plan, graph = share.planned.placement.plan, share.planned.graph
+    (d,) = [d for d in plan.domains if d.shared]
+    observed = {graph.fx_value_node[v].name for v in d.observed}
+    with torch.no_grad():
+        stem = [model.stem(*c) for c in small_models.calibration(x)]
+        cat = [torch.cat([model.branch(t), model.pooled(t)], 1) for t in stem]
+    assert len(observed) == 2
+    lo = min(float(t.min()) for t in stem + cat)
+    hi = max(float(t.max()) for t in stem + cat)
+    theta = share.planned.thetas[d.id]
+    # the relu'd range [0, hi] at the code minimum and the scale from the union's maximum
+    assert lo == 0.0 and theta.zero_point == theta.qmin
+    assert theta.scale == pytest.approx(hi / 255, rel=1e-5)
+    assert max(float(t.max()) for t in cat) < hi  # the stem's range is the wider
+    _passes(compiled("inception_reduction") / "model.pte")

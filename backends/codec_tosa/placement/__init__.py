@@ -8,13 +8,15 @@ from typing import Collection
 
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
-from codec_tosa.placement.domains import COALESCE, LOCAL, NONLOCAL, PLACEMENTS, build_domains, check_placement
+from codec_tosa.placement.domains import (
+    COALESCE, LOCAL, NONLOCAL, PLACEMENTS, SHARE, build_domains, check_placement,
+)
 from codec_tosa.placement.dominators import DominatorError, verify_dominators
 from codec_tosa.placement.plan import Codec, Domain, Plan, make_plan
 from codec_tosa.placement.semantics import Semantics, resolve
 
 __all__ = [
-    "COALESCE", "LOCAL", "NONLOCAL", "PLACEMENTS", "Codec", "Domain", "DominatorError",
+    "COALESCE", "LOCAL", "NONLOCAL", "PLACEMENTS", "SHARE", "Codec", "Domain", "DominatorError",
     "Placement", "Plan", "Semantics", "place",
 ]
 

@@ -3,11 +3,18 @@
 Node space of the union-find: in-ports ``[0, P)``, output ports (values)
 ``[P, P+V)`` and one shared encode per plain value ``[P+V, P+2V)``. Every pass
 is one sweep over ports, so the whole placement is O(|V| + |E|).
+
+``nonlocal+share`` coalesces further: a concatenation's input domain that is
+also read elsewhere joins the concatenation's domain too, which is then
+observed at both dominators (the union of their ranges), as PT2E's shared
+quantization spec observes a cat's inputs and output together. That removes
+the transcode into the cat at the price of a coarser scale for the narrower
+domain (docs/DESIGN.md, "Shared observation").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement.semantics import CODE, Semantics
@@ -16,7 +23,10 @@ from codec_tosa.placement.unionfind import UnionFind
 LOCAL = "local"
 NONLOCAL = "nonlocal"
 COALESCE = "nonlocal+coalesce"
-PLACEMENTS = (LOCAL, NONLOCAL, COALESCE)
+SHARE = "nonlocal+share"
+PLACEMENTS = (LOCAL, NONLOCAL, COALESCE, SHARE)
+
+Dominator = tuple[str, int]  # (label, value observed there)
 
 
 def check_placement(placement: str) -> None:
@@ -33,8 +43,10 @@ class DomainSets:
     uf: UnionFind
     num_in_ports: int
     num_values: int
-    dominator: dict[int, tuple[str, int]]  # root -> (label, value observed there)
+    dominator: dict[int, Dominator]  # root -> (label, value observed there)
     local: bool
+    # root -> the dominators of the domains merged into it by shared coalescence
+    shared: dict[int, list[Dominator]] = field(default_factory=dict)
 
     def of_in_port(self, port: int) -> int:
         return self.uf.find(port)
@@ -55,9 +67,10 @@ def build_domains(graph: PortGraph, sem: Semantics, placement: str) -> DomainSet
         return DomainSets(uf, P, V, _local_dominators(graph, sem, uf, block_rep), local=True)
     boundaries = _unite_flows(graph, sem, uf)
     dominator = _dominators(graph, sem, uf, block_rep)
-    if placement == COALESCE:
-        _coalesce(graph, sem, uf, boundaries, dominator)
-    return DomainSets(uf, P, V, dominator, local=False)
+    shared: dict[int, list[Dominator]] = {}
+    if placement in (COALESCE, SHARE):
+        _coalesce(graph, sem, uf, boundaries, dominator, shared if placement == SHARE else None)
+    return DomainSets(uf, P, V, dominator, local=False, shared=shared)
 
 
 def _unite_blocks(graph: PortGraph, sem: Semantics, uf: UnionFind) -> list[int]:
@@ -149,10 +162,15 @@ def _coalesce(
     sem: Semantics,
     uf: UnionFind,
     boundaries: list[int],
-    dominator: dict[int, tuple[str, int]],
+    dominator: dict[int, Dominator],
+    shared: dict[int, list[Dominator]] | None,
 ) -> None:
     """Step 4: merge a boundary value's domain into the block's domain when every
-    edge leaving it goes into that block (so the block still post-dominates it)."""
+    edge leaving it goes into that block (so the block still post-dominates it).
+
+    With `shared` (placement ``nonlocal+share``) a domain with other exits is
+    merged too; its dominators then join the block domain's observation points
+    in `shared`, so that calibration still sees every value of the union."""
     P = graph.num_in_ports
     exits = exit_counts(graph, sem, uf)
     i = 0
@@ -169,11 +187,23 @@ def _coalesce(
             j += 1
         for rx, n in reads.items():
             rc = uf.find(boundaries[i])
-            if rx != rc and exits.get(rx, 0) == n:
-                kept_exits, kept_dom = exits.get(rc, 0), dominator[rc]
-                r = uf.union(rc, rx)
-                exits[r] = kept_exits
-                dominator[r] = kept_dom
+            if rx == rc:
+                continue
+            contained = exits.get(rx, 0) == n
+            if not contained and shared is None:
+                continue
+            kept_exits = exits.get(rc, 0) + exits.get(rx, 0) - n
+            kept_dom, kept_shared = dominator[rc], shared.get(rc, []) if shared is not None else []
+            if not contained:
+                kept_shared = kept_shared + [dominator[rx]] + shared.get(rx, [])  # type: ignore[union-attr]
+            r = uf.union(rc, rx)
+            exits[r] = kept_exits
+            dominator[r] = kept_dom
+            if shared is not None:
+                shared.pop(rc, None)
+                shared.pop(rx, None)
+                if kept_shared:
+                    shared[r] = kept_shared
         i = j
 
 

@@ -9,6 +9,10 @@ the sink; such a node post-dominates every input edge and dominates every
 output edge. Those nodes form a chain (for `cat(x, x)` both the shared encode
 of x and the cat); each of them sees all the data of the domain, so the check
 is that the node the algorithm named is one of them.
+
+A domain of shared coalescence (``nonlocal+share``) has no single such node:
+there the check is that its named dominators together cut every
+source-to-sink path, so that the union of their ranges covers all its data.
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ class DominatorError(AssertionError):
     """A domain has no absolute dominator, or not the one the algorithm named."""
 
 
+_SRC, _SINK = 0, 1  # the virtual source and sink of every S(D)
+
+
 def verify_dominators(graph: PortGraph, sem: Semantics, plan: Plan, local: bool = False) -> None:
     writers: dict[int, list[int]] = {}
     for i, c in enumerate(plan.codecs):
         if c.kind != "decode":
             writers.setdefault(c.domain, []).append(i)
     for d in plan.domains:
+        if d.shared:
+            _verify_shared(graph, sem, plan, d.id, writers.get(d.id, []))
+            continue
         found = cut_nodes(graph, sem, plan, d.id, writers.get(d.id, []), local)
         if not found:
             raise DominatorError(f"domain {d.id} (ports {', '.join(d.ports[:6])}): no absolute dominator")
@@ -37,10 +47,38 @@ def verify_dominators(graph: PortGraph, sem: Semantics, plan: Plan, local: bool 
                 f"but only {', '.join(found)} lie on every path through the domain")
 
 
+def _verify_shared(graph: PortGraph, sem: Semantics, plan: Plan, dom_id: int,
+                   writer_ids: list[int]) -> None:
+    d = plan.domains[dom_id]
+    succ, labels = _domain_graph(graph, sem, plan, dom_id, writer_ids, local=False)
+    cut = {n for n, label in enumerate(labels) if label in d.dominators}
+    missing = set(d.dominators) - {labels[n] for n in cut}
+    if missing:
+        raise DominatorError(f"domain {d.id}: its named dominators {', '.join(sorted(missing))} "
+                             "are not in the domain")
+    seen, stack = {_SRC}, [_SRC]
+    while stack:
+        for b in succ[stack.pop()]:
+            if b not in seen and b not in cut:
+                seen.add(b)
+                stack.append(b)
+    if _SINK in seen:
+        raise DominatorError(f"domain {d.id}: a path through the domain avoids all of its "
+                             f"dominators {' + '.join(d.dominators)}")
+
+
 def cut_nodes(
     graph: PortGraph, sem: Semantics, plan: Plan, dom_id: int, writer_ids: list[int], local: bool
 ) -> list[str]:
     """Labels of the nodes of S(D) on every source-to-sink path, first to last."""
+    succ, labels = _domain_graph(graph, sem, plan, dom_id, writer_ids, local)
+    return _cut_chain(succ, _SRC, _SINK, labels)
+
+
+def _domain_graph(
+    graph: PortGraph, sem: Semantics, plan: Plan, dom_id: int, writer_ids: list[int], local: bool
+) -> tuple[list[list[int]], list[str]]:
+    """S(D) with a virtual source (node 0) and sink (node 1): successor lists and labels."""
     d = plan.domains[dom_id]
     labels: list[str] = []
     succ: list[list[int]] = []
@@ -94,7 +132,7 @@ def cut_nodes(
     for n in range(2, len(labels)):
         if n not in has_pred:
             edge(SRC, n)
-    return _cut_chain(succ, SRC, SINK, labels)
+    return succ, labels
 
 
 def _cut_chain(succ: list[list[int]], src: int, sink: int, labels: list[str]) -> list[str]:

@@ -17,7 +17,8 @@ TRANSCODE = "transcode"
 
 @dataclass
 class Domain:
-    """Encoded ports sharing one codec parameter set, learned at `dominator`."""
+    """Encoded ports sharing one codec parameter set, learned at `dominator`
+    (and, after shared coalescence, at the dominators in `shared` too)."""
 
     id: int
     dominator: str
@@ -25,6 +26,16 @@ class Domain:
     in_ports: list[int] = field(default_factory=list)
     values: list[int] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)  # labels, filled by `label_ports`
+    shared: list[tuple[str, int]] = field(default_factory=list)  # more (label, value observed)
+
+    @property
+    def observed(self) -> list[int]:
+        """Every tensor theta is learned from: its range is the union of theirs."""
+        return [self.observe] + [x for _, x in self.shared]
+
+    @property
+    def dominators(self) -> list[str]:
+        return [self.dominator] + [label for label, _ in self.shared]
 
 
 @dataclass
@@ -67,7 +78,8 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
         root = find(node)
         if ids[root] < 0:
             ids[root] = len(domains)
-            domains.append(Domain(len(domains), *sets.dominator[root]))
+            domains.append(Domain(len(domains), *sets.dominator[root],
+                                  shared=list(sets.shared.get(root, []))))
         return domains[ids[root]]
 
     in_domain = [-1] * P
@@ -86,7 +98,9 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
                 d.values.append(x)
 
     for d in domains:
-        d.observe = _observed_after_clamps(graph, d, in_domain, value_domain)
+        d.observe = _observed_after_clamps(graph, d.id, d.observe, in_domain, value_domain)
+        d.shared = [(label, _observed_after_clamps(graph, d.id, x, in_domain, value_domain))
+                    for label, x in d.shared]
     codecs = _local_codecs(graph, sem, in_domain, value_domain) if sets.local else \
         _nonlocal_codecs(graph, sem, in_domain, value_domain, fused_transcode)
     plan = Plan(domains, codecs, in_domain, value_domain)
@@ -95,24 +109,23 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
     return plan
 
 
-def _observed_after_clamps(graph: PortGraph, d: Domain, in_domain: list[int],
+def _observed_after_clamps(graph: PortGraph, d: int, x: int, in_domain: list[int],
                            value_domain: list[int]) -> int:
-    """Where `d` learns its theta: past relu/relu6/clamp operators (on codes, in
-    `d`) that are the only reader of the tensor at the dominator.
+    """Where domain `d` learns its theta from the tensor `x` at a dominator: past
+    relu/relu6/clamp operators (on codes, in `d`) that are its only reader.
 
     Every tensor of `d` reaches its readers through that clamp, and a
     saturating encode is monotone, so it commutes with the clamp: encoding at
     the clamp's output range gives the same codes after the clamp as before,
     and does not spend half the code range on the negative values a relu
     drops (which is where Arm's quantizer puts a conv+relu's scale too)."""
-    x = d.observe
     while len(graph.val_uses[x]) == 1:
         u = graph.val_uses[x][0]
         op = graph.in_op[u]
-        if op < 0 or graph.op_target[op] not in CLAMPING_TARGETS or in_domain[u] != d.id:
+        if op < 0 or graph.op_target[op] not in CLAMPING_TARGETS or in_domain[u] != d:
             break
         outs = graph.op_out[op]
-        if len(outs) != 1 or value_domain[outs[0]] != d.id:
+        if len(outs) != 1 or value_domain[outs[0]] != d:
             break
         x = outs[0]
     return x

@@ -288,6 +288,24 @@ def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
         yield from _operators(region, block_name, block, _block_tensors(block))
 
 
+def rescale_neighbours(buf: bytes) -> tuple[Counter[str], Counter[str]]:
+    """RESCALEs counted by the operator feeding them and by their readers
+    (``input``/``output`` for graph inputs and outputs; several readers joined by ``+``)."""
+    fed_by: Counter[str] = Counter()
+    read_by: Counter[str] = Counter()
+    ops = list(iter_operators(buf))
+    producer = {t: o.op for o in ops for t in o.outputs}
+    readers: dict[str, list[str]] = {}
+    for o in ops:
+        for t in o.inputs:
+            readers.setdefault(t, []).append(o.op)
+    for o in ops:
+        if o.op == "RESCALE":
+            fed_by[producer.get(o.inputs[0], "input")] += 1
+            read_by["+".join(sorted(readers.get(o.outputs[0], ["output"])))] += 1
+    return fed_by, read_by
+
+
 # Operators that compute each output element from the same element of their
 # inputs, so a chain of them can run inside the operator that feeds it.
 ELEMENTWISE_OPS = frozenset({

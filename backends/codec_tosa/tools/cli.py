@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile a model to a .pte with a CodecTosaBackend delegate")
     c.add_argument("model", help="built-in model name or path/to/file.py:function")
     c.add_argument("--policy", default="W", help=f"one of {', '.join(DEFAULT_ORDER)} or a --table's letters")
-    c.add_argument("--placement", choices=PLACEMENTS, default="nonlocal+coalesce")
+    c.add_argument("--placement", choices=PLACEMENTS,
+                   help="default: nonlocal+share at policy I, nonlocal+coalesce otherwise")
     c.add_argument("--tosa", help="TOSA spec (default TOSA-1.0+INT+FP; TOSA-1.0+FP for policy Z)")
     c.add_argument("--fused-transcode", action="store_true")
     c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
