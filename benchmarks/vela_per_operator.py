@@ -28,15 +28,21 @@ def per_operator(tosa: Path, flags: list[str]) -> dict[str, tuple[int, int]]:
 
     with tempfile.TemporaryDirectory() as out:
         vela_main([*flags, "--verbose-performance", f"--output-dir={out}", str(tosa)])
-        found = sorted(Path(out).rglob("*per-layer.csv"))
-        if not found:
-            raise SystemExit(f"{tosa}: Vela wrote no per-layer CSV")
-        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        with found[0].open(newline="") as f:
-            for row in csv.DictReader(f):
-                t = totals[row["Original Operator"]]
-                t[0] += 1
-                t[1] += int(float(row["Op Cycles"]))
+        return per_operator_in(out, str(tosa))
+
+
+def per_operator_in(out: str | Path, what: str = "Vela") -> dict[str, tuple[int, int]]:
+    """`per_operator` of a Vela run already made with `--verbose-performance`
+    and `--output-dir=out`."""
+    found = sorted(Path(out).rglob("*per-layer.csv"))
+    if not found:
+        raise SystemExit(f"{what}: Vela wrote no per-layer CSV")
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    with found[0].open(newline="") as f:
+        for row in csv.DictReader(f):
+            t = totals[row["Original Operator"]]
+            t[0] += 1
+            t[1] += int(float(row["Op Cycles"]))
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
