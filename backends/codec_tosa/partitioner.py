@@ -12,6 +12,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
+from codec_tosa._passes.decompose_softmax import decompose_softmax
 from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
@@ -70,6 +71,7 @@ class CodecTosaPartitioner(Partitioner):
             fold_batch_norms(out)
         if self.codec_spec.integer_only:
             spatial_means_to_avg_pool(out)  # Arm's INT8 mean.dim needs it (the pass says why)
+            decompose_softmax(out)  # as Arm's INT8 flow, so that each piece is integer
         self._real_state.update(out.state_dict)
         return out
 

@@ -247,8 +247,9 @@ def integer_activations(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, .
 
 
 class TokenNorms(nn.Module):
-    """linear -> softmax -> linear -> layer norm -> linear on tokens: Arm's TOSA
-    lowering has no INT8 softmax or layer norm for a plan to use."""
+    """linear -> softmax -> linear -> layer norm -> linear on tokens: at policy I
+    the softmax is decomposed into integer pieces; Arm's TOSA lowering has no
+    INT8 layer norm for a plan to use."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -171,15 +171,21 @@ def test_sub_mul_and_table_activations_are_one_integer_delegate(compiled) -> Non
     _passes(pte)
 
 
-def test_softmax_and_layer_norm_stay_on_the_cpu_and_report_names_them(compiled, capsys) -> None:
-    """Arm has no INT8 softmax or layer norm for the plan: they stay FP32 on the CPU,
-    the delegates around them are all-integer, and `report` names them."""
+def test_softmax_is_integer_and_layer_norm_stays_on_the_cpu(compiled, capsys) -> None:
+    """At I the softmax is decomposed as Arm's INT8 flow does it and runs in the
+    delegate (REDUCE_MAX, SUB, exp and reciprocal TABLEs, REDUCE_SUM, MUL); Arm
+    has no INT8 layer norm for the plan, so it stays FP32 on the CPU between two
+    all-integer delegates, and `report` names it."""
     pte = compiled("token_norms") / "model.pte"
     data = pte.read_bytes()
-    assert set(inspect_pte(data).operators) - IO_KERNELS == {"aten::_softmax", "aten::native_layer_norm"}
-    assert all(float_operators(d.payload) == [] for d in delegates(data))
+    assert set(inspect_pte(data).operators) - IO_KERNELS == {"aten::native_layer_norm"}
+    payloads = [d.payload for d in delegates(data)]
+    assert len(payloads) == 2 and all(float_operators(p) == [] for p in payloads)
+    first = tosa_stats(payloads[0]).operators_by_type
+    assert (first["REDUCE_MAX"], first["SUB"], first["TABLE"], first["REDUCE_SUM"], first["MUL"]) \
+        == (1, 1, 2, 1, 1)
     assert main(["report", str(pte)]) == 0
-    assert ("not integer at policy I (left on the CPU in FP32): aten::_softmax, aten::native_layer_norm"
+    assert ("not integer at policy I (left on the CPU in FP32): aten::native_layer_norm"
             in capsys.readouterr().out.splitlines())
     _passes(pte)
 

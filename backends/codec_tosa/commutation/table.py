@@ -227,6 +227,14 @@ def _default_rows() -> list[Row]:
         _integer("aten.hardsigmoid.default", ("self",)),
         _integer("aten.silu.default", ("self",)),
         _integer("aten.gelu.default", ("self",)),
+        # softmax, decomposed at integer policies as Arm's INT8 flow does
+        # (_passes/decompose_softmax.py): exp and reciprocal are TABLEs, the sum an
+        # int32 REDUCE_SUM with RESCALEs; amax picks one of its inputs, so it
+        # keeps their theta (an INT8 REDUCE_MAX on codes)
+        _integer("aten.exp.default", ("self",)),
+        _integer("aten.reciprocal.default", ("self",)),
+        _integer("aten.sum.dim_IntList", ("self",)),
+        Row("aten.amax.default", "I", ("self", OUT), (("self", OUT),)),
         _averaging("aten.avg_pool2d.default"),
         _averaging("aten.mean.dim"),
         _averaging("aten.mean.default"),
@@ -245,7 +253,7 @@ def _default_rows() -> list[Row]:
         "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
         "aten.div.Tensor_mode", "aten.rsub.Scalar", "aten.neg.default", "aten.abs.default",
         "aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.sqrt.default",
-        "aten.rsqrt.default", "aten.reciprocal.default", "aten.exp.default", "aten.log.default",
+        "aten.rsqrt.default", "aten.log.default",
         "aten.sin.default", "aten.cos.default", "aten.leaky_relu.default",
         "aten.elu.default", "aten.erf.default", "aten.clamp.Tensor",
         "aten.minimum.default", "aten.maximum.default", "aten.where.self",
@@ -257,8 +265,8 @@ def _default_rows() -> list[Row]:
         "aten._native_batch_norm_legit_no_training.default",
         "aten.native_batch_norm.default", "aten.native_layer_norm.default",
         "aten.native_group_norm.default", "aten._softmax.default",
-        "aten._log_softmax.default", "aten._safe_softmax.default", "aten.sum.dim_IntList",
-        "aten.amax.default", "aten.amin.default", "aten.var.correction",
+        "aten._log_softmax.default", "aten._safe_softmax.default",
+        "aten.amin.default", "aten.var.correction",
         "aten.upsample_bilinear2d.vec",
         # type conversion, indexing, constants
         "aten._to_copy.default", "aten.embedding.default", "aten.index.Tensor",
