@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from codec_tosa.calibration import HISTOGRAM, MINMAX, OBSERVERS
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.commutation.table import CommutationTable
@@ -30,7 +31,9 @@ class CodecSpec:
     (``ethos-u55-128``): the delegate is then Arm's EthosUBackend (Vela), which
     takes policy I only. `placement=None` picks ``nonlocal+share`` at policy I
     (concatenations observed with their inputs, as Arm's INT8 quantizer does)
-    and ``nonlocal+coalesce`` otherwise."""
+    and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` at
+    policy I (the range Arm's INT8 quantizer's HistogramObserver picks) and
+    ``minmax`` otherwise."""
 
     policy: str = "W"
     placement: str | None = None
@@ -41,6 +44,7 @@ class CodecSpec:
     # activation codecs with zero point 0 (2-operator encode/decode instead of 3)
     symmetric_activations: bool = False
     target: str = "tosa"
+    observer: str | None = None
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
@@ -49,6 +53,10 @@ class CodecSpec:
             object.__setattr__(self, "placement",
                                SHARE if self.policy == INTEGER_POLICY else COALESCE)
         check_placement(self.placement)
+        if self.observer is None:
+            object.__setattr__(self, "observer", HISTOGRAM if self.policy == INTEGER_POLICY else MINMAX)
+        if self.observer not in OBSERVERS:
+            raise ValueError(f"unknown observer {self.observer!r}: expected one of {', '.join(OBSERVERS)}")
         if self.target not in TARGETS and not self.ethos_u:
             raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
                              "accelerator such as ethos-u55-128 or ethos-u85-256")
@@ -95,7 +103,7 @@ class CodecSpec:
         return {"policy": self.policy, "reference": self.reference, "placement": self.placement,
                 "tosa": self.tosa_spec, "target": self.target,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
-                "symmetric_activations": self.symmetric_activations,
+                "symmetric_activations": self.symmetric_activations, "observer": self.observer,
                 "custom_table": self.table is not None}
 
     def dumps(self) -> str:

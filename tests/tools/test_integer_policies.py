@@ -241,8 +241,8 @@ def test_policy_i_shares_a_concatenation_with_its_inputs_domain(lowered, compile
     import torch
 
     model, x = small_models.inception_reduction()
-    share = lowered("inception_reduction", "I")
-    coalesce = lowered("inception_reduction", "I", "nonlocal+coalesce")
+    share = lowered("inception_reduction", "I", observer="minmax")
+    coalesce = lowered("inception_reduction", "I", "nonlocal+coalesce", observer="minmax")
     assert share.planned.placement.placement == "nonlocal+share"
     assert _rescales_fed_by(delegate_payload(coalesce.pte), "MAX_POOL2D") == 1
     assert _rescales_fed_by(delegate_payload(share.pte), "MAX_POOL2D") == 0

@@ -89,7 +89,7 @@ def _spec(args: argparse.Namespace):
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
                      fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table,
                      symmetric_activations=getattr(args, "symmetric_activations", False),
-                     target=getattr(args, "target", "tosa"))
+                     target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
     c.add_argument("--symmetric-activations", action="store_true",
                    help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
+    c.add_argument("--observer", choices=("minmax", "histogram"),
+                   help="how calibration picks each domain's range (default: histogram at policy I, "
+                        "as Arm's INT8 quantizer; minmax otherwise)")
     c.add_argument("--table", help="a user commutation table (JSON)")
     c.add_argument("--target", default="tosa",
                    help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "
