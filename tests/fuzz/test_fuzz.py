@@ -235,6 +235,34 @@ def test_conv_after_cat_of_one_tensor_twice(policy: str, placement: str, tmp_pat
         compile_and_validate_module(model, inputs, 0, policy, placement, tmp_path / "dropped", str(CAT_TWICE))
 
 
+# a batch norm (lone: after a linear) read by another batch norm, their sum and a relu
+BN_OF_BN = Recipe(inputs=((1, 2, 4, 4),), steps=(
+    Step("conv", (0,), (3, 3, 1)), Step("linear", (1,), (3,)), Step("bn", (2,), ()), Step("bn", (3,), ()),
+    Step("add", (4, 2), ()), Step("relu", (5,), ())), outputs=(6, 1), seed=3)
+
+
+def test_batch_norm_of_a_lone_batch_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the long fuzz profile at V: executorch 1.5.1's FuseBatchNorm2dPass gives
+    a lone batch norm a new convolution without meta["val"], and a batch norm reading
+    it fails (KeyError: 'val'). arm_adapter types that convolution; the program
+    compiles to one delegate and validates."""
+    model, inputs = build(BN_OF_BN)
+    v = compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "typed", str(BN_OF_BN))
+    assert v is not None and v.verdict is Verdict.PASS and len(v.delegates) == 1
+
+    # the upstream bug is still there (when this fails, the workaround can go)
+    monkeypatch.setattr(arm_adapter, "_batch_norm_convolutions_typed", contextlib.nullcontext)
+    with pytest.raises(Exception) as failed:
+        compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "untyped", str(BN_OF_BN))
+    assert isinstance(_root_cause(failed.value), KeyError) and "'val'" in str(_root_cause(failed.value))
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
 def test_recipes_build_what_they_describe() -> None:
     """The shape bookkeeping of the strategy matches what PyTorch computes
     (otherwise the fuzzer would test fewer structures than it claims)."""
