@@ -43,6 +43,7 @@ from codec_tosa.tools.samples import held_out_inputs
 from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
 from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
 from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.report import IO_KERNELS
 
 from fuzz_models import Recipe, Step, build, recipes
 
@@ -303,3 +304,27 @@ FOUND_AT_I = {
 @pytest.mark.parametrize("name", sorted(FOUND_AT_I))
 def test_policy_i_compiles_what_the_fuzzer_found(name: str, tmp_path: Path) -> None:
     compile_and_validate(FOUND_AT_I[name], INTEGER_POLICY, LOCAL, tmp_path)
+
+
+# slice -> zero pad -> convolution (weight (5, 4, 3, 3)), the pad also a program output
+PAD_READ_TWICE = Recipe(inputs=((1, 4, 5, 5),), steps=(
+    Step("slice", (0,), (2, 1, 5)), Step("pad", (1,), (0, 0, 1, 0)), Step("conv", (2,), (5, 3, 1))),
+    outputs=(3, 2), seed=5)
+
+
+@pytest.mark.parametrize("placement", [NONLOCAL, COALESCE])
+def test_policy_i_value_read_as_codes_and_decoded(placement: str, tmp_path: Path) -> None:
+    """Found by the long fuzz profile at I: the pad's codes are read by the convolution
+    and decoded for the output. Through one shared dequantize, Arm's INT partitioner
+    left that dequantize, then the convolution, on the CPU, and the convolution's weight
+    dequantize in the delegate as an FP32 constant (TOSA-1.0+INT rejected it). With a
+    decode of its own the convolution stays in the one all-integer delegate."""
+    model, inputs = build(PAD_READ_TWICE)
+    v = compile_and_validate_module(model, inputs, 5, INTEGER_POLICY, placement, tmp_path, str(PAD_READ_TWICE))
+    assert v is not None and v.verdict is Verdict.PASS and v.reference_model_ran
+    data = (tmp_path / PTE).read_bytes()
+    info = inspect_pte(data)
+    assert info.delegate_ids == ("CodecTosaBackend",) and set(info.operators) <= IO_KERNELS
+    payload = delegate_payload(data)
+    assert float_operators(payload) == []
+    assert tosa_stats(payload).operators_by_type["CONV2D"] == 1
