@@ -78,6 +78,7 @@ def lower_into(
     with ExitStack() as patches:
         patches.enter_context(_graph_owned_constants_marked())
         patches.enter_context(_cat_with_repeated_inputs_kept())
+        patches.enter_context(_batch_norm_convolutions_typed())
         if dedup_const_shapes:
             patches.enter_context(_const_shape_dedup_after_arm_passes(serializer))
         if lower_codecs:
@@ -134,6 +135,38 @@ def _cat_with_repeated_inputs_kept() -> Iterator[None]:
         return split(self, node, next_node)
 
     with _patched(Up, "_maybe_split_upwards_cat_fanout", guarded):
+        yield
+
+
+@contextmanager
+def _batch_norm_convolutions_typed() -> Iterator[None]:
+    """Work around an executorch 1.5.1 bug that fails on a batch norm of a batch norm.
+
+    `FuseBatchNorm2dPass` gives a batch norm with no convolution of its own a
+    new 1x1 depthwise one (`create_node`, no `meta["val"]`) and rewires the
+    norm's readers to it; a second batch norm reading it then asks for its
+    dtype (`KeyError: 'val'`; found by the long fuzz profile, stock
+    TOSAPartitioner + TOSABackend fails the same way). That convolution has
+    its input's shape and dtype, so it gets its input's `val`. Only a node
+    that would otherwise have no `val` gets one; Arm re-traces after the pass.
+    """
+    import torch
+    from executorch.backends.arm._passes import fuse_batch_norm2d_pass as fuse_bn
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    create_node = fuse_bn.create_node
+    convolution = exir_ops.edge.aten.convolution.default
+
+    def typed_create_node(graph: Any, op_target: Any, args: tuple[Any, ...] = (), *rest: Any,
+                          **kwargs: Any) -> Any:
+        node = create_node(graph, op_target, args, *rest, **kwargs)
+        source = args[0] if args else None
+        val = getattr(source, "meta", {}).get("val")
+        if op_target == convolution and "val" not in node.meta and isinstance(val, torch.Tensor):
+            node.meta["val"] = val
+        return node
+
+    with _patched(fuse_bn, "create_node", typed_create_node):
         yield
 
 

@@ -43,6 +43,7 @@ from codec_tosa.tools.samples import held_out_inputs
 from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
 from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
 from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.report import IO_KERNELS
 
 from fuzz_models import Recipe, Step, build, recipes
 
@@ -239,6 +240,34 @@ def test_conv_after_cat_of_one_tensor_twice(policy: str, placement: str, tmp_pat
         compile_and_validate_module(model, inputs, 0, policy, placement, tmp_path / "dropped", str(CAT_TWICE))
 
 
+# a batch norm (lone: after a linear) read by another batch norm, their sum and a relu
+BN_OF_BN = Recipe(inputs=((1, 2, 4, 4),), steps=(
+    Step("conv", (0,), (3, 3, 1)), Step("linear", (1,), (3,)), Step("bn", (2,), ()), Step("bn", (3,), ()),
+    Step("add", (4, 2), ()), Step("relu", (5,), ())), outputs=(6, 1), seed=3)
+
+
+def test_batch_norm_of_a_lone_batch_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the long fuzz profile at V: executorch 1.5.1's FuseBatchNorm2dPass gives
+    a lone batch norm a new convolution without meta["val"], and a batch norm reading
+    it fails (KeyError: 'val'). arm_adapter types that convolution; the program
+    compiles to one delegate and validates."""
+    model, inputs = build(BN_OF_BN)
+    v = compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "typed", str(BN_OF_BN))
+    assert v is not None and v.verdict is Verdict.PASS and len(v.delegates) == 1
+
+    # the upstream bug is still there (when this fails, the workaround can go)
+    monkeypatch.setattr(arm_adapter, "_batch_norm_convolutions_typed", contextlib.nullcontext)
+    with pytest.raises(Exception) as failed:
+        compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "untyped", str(BN_OF_BN))
+    assert isinstance(_root_cause(failed.value), KeyError) and "'val'" in str(_root_cause(failed.value))
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
 def test_recipes_build_what_they_describe() -> None:
     """The shape bookkeeping of the strategy matches what PyTorch computes
     (otherwise the fuzzer would test fewer structures than it claims)."""
@@ -279,3 +308,27 @@ FOUND_AT_I = {
 @pytest.mark.parametrize("name", sorted(FOUND_AT_I))
 def test_policy_i_compiles_what_the_fuzzer_found(name: str, tmp_path: Path) -> None:
     compile_and_validate(FOUND_AT_I[name], INTEGER_POLICY, LOCAL, tmp_path)
+
+
+# slice -> zero pad -> convolution (weight (5, 4, 3, 3)), the pad also a program output
+PAD_READ_TWICE = Recipe(inputs=((1, 4, 5, 5),), steps=(
+    Step("slice", (0,), (2, 1, 5)), Step("pad", (1,), (0, 0, 1, 0)), Step("conv", (2,), (5, 3, 1))),
+    outputs=(3, 2), seed=5)
+
+
+@pytest.mark.parametrize("placement", [NONLOCAL, COALESCE])
+def test_policy_i_value_read_as_codes_and_decoded(placement: str, tmp_path: Path) -> None:
+    """Found by the long fuzz profile at I: the pad's codes are read by the convolution
+    and decoded for the output. Through one shared dequantize, Arm's INT partitioner
+    left that dequantize, then the convolution, on the CPU, and the convolution's weight
+    dequantize in the delegate as an FP32 constant (TOSA-1.0+INT rejected it). With a
+    decode of its own the convolution stays in the one all-integer delegate."""
+    model, inputs = build(PAD_READ_TWICE)
+    v = compile_and_validate_module(model, inputs, 5, INTEGER_POLICY, placement, tmp_path, str(PAD_READ_TWICE))
+    assert v is not None and v.verdict is Verdict.PASS and v.reference_model_ran
+    data = (tmp_path / PTE).read_bytes()
+    info = inspect_pte(data)
+    assert info.delegate_ids == ("CodecTosaBackend",) and set(info.operators) <= IO_KERNELS
+    payload = delegate_payload(data)
+    assert float_operators(payload) == []
+    assert tosa_stats(payload).operators_by_type["CONV2D"] == 1

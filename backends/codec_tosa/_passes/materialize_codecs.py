@@ -7,9 +7,13 @@ pass pipeline understands:
 
 * an encoded producer port of domain ``s`` gets ``quantize_per_tensor(theta_s)
   -> dequantize_per_tensor(theta_s)`` right after it, and *every* use reads
-  the dequantize. An INT8 consumer in ``s`` has the dequantize folded into
+  a dequantize of it. An INT8 consumer in ``s`` has the dequantize folded into
   its input (codes flow, no float round trip); a plain consumer or the graph
-  output keeps it (the decode, one per value);
+  output keeps it (the decode, one per value). When a value has both, the
+  plain readers get a dequantize of their own, as PT2E gives each reader one:
+  Arm's INT-only partitioner leaves a dequantize read outside the delegate on
+  the CPU, and with it every operator that read the same node (a convolution,
+  whose weight's dequantize then stayed in the delegate as an FP32 constant);
 * an encoded use of domain ``d`` reading a plain value: one ``q(theta_d) ->
   dq(theta_d)`` per (value, domain), shared by those uses (the encode);
 * an encoded use of ``d`` reading a value encoded in ``s != d``: ``q(theta_d)
@@ -289,6 +293,10 @@ class _Materializer:
                 base = self._dq(q, theta_s, q)
                 at = base
             self.stats.value_codes += 1
+        # the decode is a dequantize apart from the one INT8 readers fold (module docstring)
+        decode = base
+        if src is not None and value is None and self._read_as_codes_and_plain(v):
+            decode = self._dq(base.args[0], theta_s, base)
         # one q->dq per target domain, shared by its uses (encode or transcode)
         into: dict[int, torch.fx.Node] = {}
         for u in enc_uses:
@@ -312,9 +320,15 @@ class _Materializer:
             c = self.ins[u]
             if c is not None and c.weight:
                 continue  # handled by encode_weights
-            new = into.get(c.domain, base) if c is not None else base
+            new = into.get(c.domain, base) if c is not None else decode
             if new is not node:
                 replace_fx_use(self._fx_use(u), new)
+
+    def _read_as_codes_and_plain(self, v: int) -> bool:
+        """Whether `v` has a reader of its codes (an INT8 consumer or a transcode) and
+        a plain one (an FP32 consumer or the graph output)."""
+        codecs = [self.ins[u] for u in self.g.val_uses[v]]
+        return any(c is None for c in codecs) and any(c is not None and not c.weight for c in codecs)
 
     def _offline_codes(self, value: torch.Tensor, theta: Theta, name: str) -> tuple[torch.Tensor, torch.fx.Node]:
         """`value` encoded at compile time with theta (quantize_per_tensor, the plan's
