@@ -12,11 +12,13 @@ from typing import Any, Sequence
 
 import torch
 
-from codec_tosa.placement.domains import COALESCE, PLACEMENTS
-from codec_tosa.tools.tables.published import PAPER_POLICIES, PUBLISHED_STORAGE
+from codec_tosa.placement.domains import COALESCE
+from codec_tosa.tools.tables.published import PAPER_PLACEMENTS, PAPER_POLICIES, PUBLISHED_STORAGE
 from codec_tosa.units import MIB
 
 POLICIES: tuple[str, ...] = PAPER_POLICIES
+# the paper's placements (nonlocal+share, ours for policy I, is not in its tables)
+PLACEMENTS: tuple[str, ...] = PAPER_PLACEMENTS
 DEFAULT_PLACEMENT = COALESCE
 FUSED = COALESCE + "+fused"
 
