@@ -263,3 +263,19 @@ class TokenNorms(nn.Module):
 def token_norms(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return TokenNorms().eval(), (torch.randn(1, 6, 16),)
+
+
+class TokenSoftmax(nn.Module):
+    """linear -> softmax -> linear on tokens (the softmax row of RESULTS.md)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.softmax(self.a(x), dim=-1))
+
+
+def token_softmax(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return TokenSoftmax().eval(), (torch.randn(1, 6, 16),)
