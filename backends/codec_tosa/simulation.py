@@ -47,6 +47,7 @@ simulation (docs/DESIGN.md, "Validation").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -54,6 +55,7 @@ import torch
 import torch.fx
 from codec_tosa.calibration import lifted_args
 from codec_tosa.graph import target_key
+from codec_tosa.plan_meta import KEY as PLAN_KEY
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.rescale import rescale
 from codec_tosa.rounding_ambiguity import AmbiguousCode, ambiguous_codes, error_bound
@@ -65,6 +67,12 @@ _CONV = "aten.convolution.default"
 _LINEAR = "aten.linear.default"
 _MATMULS = ("aten.mm.default", "aten.bmm.default")
 _INTEGER_COMPUTE = (_CONV, _LINEAR, *_MATMULS)
+_ADD, _SUB, _MUL, _SUM = "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.sum.dim_IntList"
+# lowered by Arm's InsertRescaleInt32Pass: int8 codes RESCALEd to int32, the int32
+# operator, one RESCALE back to int8
+_INT32_ARITHMETIC = (_ADD, _SUB, _MUL, _SUM)
+# an add's or sub's operands are shifted 20 bits left at twice the larger scale
+_ADD_SHIFT_BITS = 20
 _MEANS = ("aten.mean.dim", "aten.mean.default")
 _LAYER_NORM = "aten.native_layer_norm.default"
 _INT8 = torch.int8
@@ -157,6 +165,11 @@ class IntegerSimulator(torch.fx.Interpreter):
                 return acc.values
             if self._lowered_int8(n):
                 self.stats.float_fallbacks.append(n.name)
+        elif key in _INT32_ARITHMETIC:
+            acc = self._int32_arithmetic(n, key)
+            if acc is not None:
+                self.accumulators[n] = acc
+                return acc.values
         out = super().run_node(n)
         if key:
             operands = [(self.env[a] if isinstance(a, torch.fx.Node) else a,
@@ -202,7 +215,7 @@ class IntegerSimulator(torch.fx.Interpreter):
     def _encode(self, n: torch.fx.Node) -> torch.Tensor:
         """An encode of an FP32 value: its codes, the ones the artefact may round
         the other way, and the flips asked for."""
-        codes = super().run_node(n)
+        codes = self._cpu_quantize(n) if self._on_cpu(n) else super().run_node(n)
         src = n.args[0]
         bound = self.bounds.get(src, 0.0) if isinstance(src, torch.fx.Node) else 0.0
         if bound > 0:
@@ -216,6 +229,32 @@ class IntegerSimulator(torch.fx.Interpreter):
             for f in flips:
                 flat[f.index] = f.alternative
         return codes
+
+    def _on_cpu(self, n: torch.fx.Node) -> bool:
+        """An encode ExecuTorch runs: at an integer-only policy, of a graph input or
+        of an operator the plan keeps FP32 (the CPU's). Other encodes are Arm's
+        (a TABLE's entries, the requantisation of an integer operator), which it
+        computes with PyTorch's quantize."""
+        if self.fp32_delegated:
+            return False
+        src = n.args[0]
+        if not isinstance(src, torch.fx.Node):
+            return False
+        if src.op == "placeholder":
+            return True
+        planned = src.meta.get(PLAN_KEY)
+        return src.op == "call_function" and not (planned and planned.get("out"))
+
+    def _cpu_quantize(self, n: torch.fx.Node) -> torch.Tensor:
+        """An encode at an integer-only policy, which runs on the CPU as ExecuTorch's
+        quantize_per_tensor kernel computes it: in float32, times the float32
+        reciprocal of the scale, rounded half to even. PyTorch's reference
+        divides instead, so an exact tie (x / scale = k + 0.5) or a value an ulp
+        from one can round the other way (found on U-Net's input at policy I)."""
+        x, scale, zp, qmin, qmax, dtype = _args(n, self)
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(scale), dtype=torch.float32)
+        q = torch.round(x.to(torch.float32) * inv) + int(zp)
+        return torch.clamp(q, int(qmin), int(qmax)).to(dtype)
 
     def _mean_of_decoded(self, n: torch.fx.Node) -> torch.Tensor | None:
         """A mean whose input is a per-tensor dequantize, as Arm decomposes it."""
@@ -325,6 +364,44 @@ class IntegerSimulator(torch.fx.Interpreter):
             values = values + torch.round(bias.centred()).to(torch.int64).reshape(shape)
         self.stats.integer_ops.append(n.name)
         return _Accumulator(values, x.scales[0], w.scales, axis)
+
+    def _int32_arithmetic(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
+        """add, sub, mul or sum of per-tensor int8 codes, as Arm's
+        InsertRescaleInt32Pass lowers them: each operand RESCALEd to int32 (add,
+        sub: both at ``2 * max(scale) / 2**20``; mul, sum: at their own scale),
+        the exact int32 result, and the quantize below RESCALEs it back. An FP32
+        sum of the decoded values rounds differently near a boundary, and a
+        ResNet's residual adds amplify one such code through the layers after
+        it (U-Net at policy I was 10 steps off)."""
+        if self.fp32_delegated or not n.users or not all(_is_int8_quantize(u) for u in n.users):
+            return None
+        operands = n.args[:1] if key == _SUM else n.args[:2]
+        held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
+        if any(h is None or h.axis is not None or h.dtype != _INT8 for h in held):
+            return None
+        alpha = n.args[2] if len(n.args) > 2 else n.kwargs.get("alpha", 1)
+        if key in (_ADD, _SUB) and alpha != 1:
+            return None  # add(x, y, alpha=2)
+        scales = [h.scales[0] for h in held]  # type: ignore[union-attr]
+
+        def int32(h: _Codes, scale: float) -> torch.Tensor:
+            return rescale(h.codes, [h.scales[0] / scale], h.zero_points[0], 0, torch.int32).to(torch.int64)
+
+        if key in (_ADD, _SUB):
+            common = 2 * max(scales) / (1 << _ADD_SHIFT_BITS)
+            a, b = (int32(h, common) for h in held)  # type: ignore[arg-type]
+            values, out_scale = (a + b if key == _ADD else a - b), common
+        elif key == _MUL:
+            a, b = (int32(h, h.scales[0]) for h in held)  # type: ignore[union-attr]
+            values, out_scale = a * b, math.prod(scales)
+        else:
+            _, dims, *rest = _args(n, self)
+            keepdim = bool(rest[0]) if rest else False
+            h = held[0]
+            assert h is not None
+            values, out_scale = int32(h, h.scales[0]).sum(dim=list(dims), keepdim=keepdim), scales[0]
+        self.stats.integer_ops.append(n.name)
+        return _Accumulator(values, out_scale, (1.0,), 0)
 
     def _lowered_int8(self, n: torch.fx.Node) -> bool:
         """Whether Arm lowers `n` on codes (a dequantize feeds it), though we could not."""

@@ -279,3 +279,23 @@ class TokenSoftmax(nn.Module):
 def token_softmax(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return TokenSoftmax().eval(), (torch.randn(1, 6, 16),)
+
+
+class ResidualStack(nn.Module):
+    """A stem convolution and four ResNet basic blocks (conv-BN-relu-conv-BN,
+    residual add, relu): the INT8 residual adds of U-Net's encoder."""
+
+    def __init__(self, width: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        from torchvision.models.resnet import BasicBlock
+
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU())
+        self.blocks = nn.Sequential(*(BasicBlock(width, width) for _ in range(blocks)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+def residual_stack(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return _with_statistics(ResidualStack(), seed).eval(), (torch.randn(1, 3, 48, 48),)
