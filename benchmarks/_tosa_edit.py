@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import tosa_serializer as ts
 
+from codec_tosa.rescale import multiplier_and_shift
+
 _NUMPY = {ts.DType.INT8: np.int8, ts.DType.INT16: np.int16, ts.DType.INT32: np.int32,
           ts.DType.BOOL: np.uint8, ts.DType.FP32: np.float32}
 
@@ -265,20 +267,6 @@ def _scale(multiplier: int, shift: int) -> Fraction:
     return Fraction(int(multiplier), 1 << int(shift))
 
 
-def _multiplier_shift(f: Fraction) -> tuple[int, int]:
-    """`f` as a 32-bit RESCALE multiplier in [2^30, 2^31) and a shift."""
-    shift = 0
-    while f * (1 << shift) < (1 << 30):
-        shift += 1
-    while f * (1 << shift) >= (1 << 31):
-        shift -= 1
-    m = round(f * (1 << shift))
-    if m == 1 << 31:
-        m, shift = m // 2, shift - 1
-    assert 2 <= shift <= 62, (f, shift)
-    return m, shift
-
-
 def fold_requantize(g: Graph) -> int:
     """(B), see the module docstring. Returns the number of ADD inputs rewritten."""
     made, read, n = g.producers(), g.readers(), 0
@@ -298,7 +286,7 @@ def fold_requantize(g: Graph) -> int:
             assert g.data(r1.inputs[3])[0] == 0 and g.data(r2.inputs[4])[0] == 0
             channels = g.tensors[conv.outputs[0]].shape[-1]
             second = _scale(g.data(r2.inputs[1])[0], g.data(r2.inputs[2])[0])
-            ms = [_multiplier_shift(_scale(m, s) * second) for m, s in
+            ms = [multiplier_and_shift(float(_scale(m, s) * second)) for m, s in
                   zip(np.broadcast_to(g.data(r1.inputs[1]), (channels,)), np.broadcast_to(g.data(r1.inputs[2]), (channels,)))]
             out = g.tensor("B_rescale32", g.tensors[conv.outputs[0]].shape, ts.DType.INT32)
             zero = np.array([0], np.int32)

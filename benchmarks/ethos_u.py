@@ -244,16 +244,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch.no_grad():
             eager = [_first(module(*x)) for x in tests]
         for target in args.targets:
-            runs = [run_stock] + [functools.partial(run_ours, placement=pl) for pl in args.placements]
-            for run in runs:
+            # (file tag, run): ours once per placement asked for
+            runs = [("stock", run_stock)] + [(f"ours_{pl}" if pl else "ours",
+                                              functools.partial(run_ours, placement=pl))
+                                             for pl in args.placements]
+            for tag, run in runs:
                 rows.append(run(model, target, module, inputs, calib, tests, eager))
                 print(f"[{model} {target} {rows[-1].flow}] {rows[-1].cycles} cycles", file=sys.stderr, flush=True)
                 if args.tosa_dir:
                     args.tosa_dir.mkdir(parents=True, exist_ok=True)
-                    flow = rows[-1].flow.split()[0] + "".join(
-                        f"_{pl}" for pl in [getattr(run, "keywords", {}).get("placement")] if pl)
                     for k, buf in enumerate(rows[-1].tosa):
-                        (args.tosa_dir / f"{model}_{target}_{flow}_{k}.tosa").write_bytes(buf)
+                        (args.tosa_dir / f"{model}_{target}_{tag}_{k}.tosa").write_bytes(buf)
                 rows[-1].tosa = []  # weights: megabytes per row
                 # after every row, so that a long run's finished rows are kept
                 write_json(args.json, argv, args, rows)

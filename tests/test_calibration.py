@@ -38,18 +38,39 @@ def _heavy_tailed(seed: int) -> list[tuple[torch.Tensor, ...]]:
     return [(torch.tan(torch.pi * (torch.rand(1, 3, 64, 64, generator=g) - 0.5)),) for _ in range(4)]
 
 
-def test_histogram_clips_a_heavy_tail_that_min_max_keeps() -> None:
-    calib = _heavy_tailed(7)
+def _arm_observer_scale(tensors: list[torch.Tensor]) -> float:
+    """The scale our codec learns on the range Arm's activation observer (torchao's
+    HistogramObserver, as get_symmetric_quantization_config builds it) picks."""
+    from torchao.quantization.pt2e import HistogramObserver
+
+    from codec_tosa.codecs.int8 import DEFAULT_CODEC
+
+    obs = HistogramObserver(dtype=torch.int8, quant_min=-128, quant_max=127,
+                            qscheme=torch.per_tensor_affine, eps=2.0 ** -16)
+    for t in tensors:
+        obs(t)
+    scale, zp = (float(v) for v in obs.calculate_qparams())
+    return DEFAULT_CODEC.learn((-128 - zp) * scale, (127 - zp) * scale).scale
+
+
+@pytest.mark.parametrize("seed", [1, 7, 11])
+def test_histogram_takes_the_range_arms_observer_picks(seed: int) -> None:
+    calib = _heavy_tailed(seed)
     minmax, hist = _thetas(calib, "minmax"), _thetas(calib, "histogram")
     assert minmax.keys() == hist.keys() and "x" in minmax
     lo = min(float(c[0].min()) for c in calib)
     hi = max(float(c[0].max()) for c in calib)
     assert minmax["x"] == pytest.approx((hi - lo) / 255, rel=1e-3)
-    # the histogram search drops the far tail where that lowers the L2
-    # quantization error of the bulk (as Arm's HistogramObserver does); it
-    # never widens a range
-    assert hist["x"] < minmax["x"] * 0.95
+    assert hist["x"] == pytest.approx(_arm_observer_scale([c[0] for c in calib]), rel=1e-9)
+    # the search drops a far tail where that lowers the L2 quantization
+    # error of the bulk; it never widens a range
     assert all(hist[k] <= minmax[k] * (1 + 1e-6) for k in minmax)
+
+
+def test_histogram_differs_from_min_max_on_heavy_tails() -> None:
+    """So that the test above tells the two observers apart."""
+    assert any(_thetas(_heavy_tailed(seed), "histogram")["x"] < _thetas(_heavy_tailed(seed), "minmax")["x"] * 0.99
+               for seed in (1, 7, 11))
 
 
 def test_unknown_observer_is_refused() -> None:

@@ -128,9 +128,11 @@ def learn_thetas(
     calibration: Sequence[Sequence[torch.Tensor]],
     codec: Int8Affine = DEFAULT_CODEC,
     real_state: Mapping[str, torch.Tensor] | None = None,
-    observer: str = MINMAX,
+    observer: str | None = MINMAX,
 ) -> dict[int, Theta]:
     """Run the calibration inputs through `ep` and learn one theta per domain."""
+    if observer not in OBSERVERS:
+        raise CalibrationError(f"unknown observer {observer!r}: expected one of {', '.join(OBSERVERS)}")
     if not plan.domains:
         return {}
     check_calibration(ep, calibration)
@@ -143,8 +145,6 @@ def learn_thetas(
                 raise CalibrationError(f"domain {d.id}: dominator {label} has no FX node")
             names.append(node.name)
         where[d.id] = names
-    if observer not in OBSERVERS:
-        raise CalibrationError(f"unknown observer {observer!r}: expected one of {', '.join(OBSERVERS)}")
     watch: dict[str, list[int]] = {}
     for d_id, names in where.items():
         for n in names:

@@ -93,7 +93,7 @@ def plan_program(ep: ExportedProgram, spec: CodecSpec, calibration: Sequence[Seq
     placement = place(graph, table, spec.policy, spec.placement,
                       fused_transcode=spec.fused_transcode, plain_ops=plain_ops)
     thetas = (learn_thetas(ep, graph, placement.plan, calibration, codec=spec.activation_codec,
-                           real_state=real_state, observer=spec.observer or "minmax")
+                           real_state=real_state, observer=spec.observer)
               if placement.plan.domains else {})
     write_plan_meta(graph, placement.semantics, placement.plan, thetas, table)
     return PlannedProgram(spec, graph, placement, thetas, real_copy(ep, real_state))

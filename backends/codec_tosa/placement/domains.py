@@ -187,23 +187,20 @@ def _coalesce(
             j += 1
         for rx, n in reads.items():
             rc = uf.find(boundaries[i])
-            if rx == rc:
-                continue
             contained = exits.get(rx, 0) == n
-            if not contained and shared is None:
+            if rx == rc or (not contained and shared is None):
                 continue
-            kept_exits = exits.get(rc, 0) + exits.get(rx, 0) - n
-            kept_dom, kept_shared = dominator[rc], shared.get(rc, []) if shared is not None else []
-            if not contained:
-                kept_shared = kept_shared + [dominator[rx]] + shared.get(rx, [])  # type: ignore[union-attr]
+            merged_exits = exits.get(rc, 0) + exits.get(rx, 0) - n
+            dom_c, dom_x = dominator[rc], dominator[rx]
             r = uf.union(rc, rx)
-            exits[r] = kept_exits
-            dominator[r] = kept_dom
+            exits[r] = merged_exits
+            dominator[r] = dom_c
             if shared is not None:
-                shared.pop(rc, None)
-                shared.pop(rx, None)
-                if kept_shared:
-                    shared[r] = kept_shared
+                seen_c, seen_x = shared.pop(rc, []), shared.pop(rx, [])
+                # a contained domain's data all enters the block, whose dominator sees it
+                more = seen_c + ([] if contained else [dom_x] + seen_x)
+                if more:
+                    shared[r] = more
         i = j
 
 
