@@ -5,7 +5,10 @@ For each model and target, in this order:
 * ``stock``: Arm's documented flow, `EthosUQuantizer` with
   `get_symmetric_quantization_config()`, calibrated on the same inputs, then
   `EthosUPartitioner` (Vela);
-* ``ours``: `codec-tosa compile MODEL --policy I --target TARGET` as a library call.
+* ``ours``: `codec-tosa compile MODEL --policy I --target TARGET` as a library call;
+  with ``--int8-outputs`` also ``ours (I, int8 outputs)``, the same with
+  `--int8-outputs` (the output requantised to INT8 inside the delegate, as stock
+  does, instead of handed over as the int32 accumulator).
 
 Reported per row, from Vela's own summary: cycles, SRAM used and off-chip
 bytes, NPU and CPU operators; and delegates, CPU operators of the program,
@@ -24,7 +27,8 @@ TOSA computes).
 Usage::
 
     python benchmarks/ethos_u.py [--models shufflenet_v2 mobilenet_v2 inception_v3 unet]
-        [--targets ethos-u55-128 ethos-u85-256] [--unet-size 256] [--samples 4] [--json benchmarks/ethos_u.json]
+        [--targets ethos-u55-128 ethos-u85-256] [--unet-size 256] [--samples 4] [--int8-outputs]
+        [--json benchmarks/ethos_u.json]
 """
 
 from __future__ import annotations
@@ -171,21 +175,23 @@ def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, c
 
 
 def run_ours(model: str, target: str, module: torch.nn.Module, inputs: tuple, calib: list[tuple],
-             tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None) -> Row:
+             tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None,
+             accumulator_outputs: bool | None = None) -> Row:
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
     t = time.perf_counter()
-    spec = CodecSpec(policy="I", target=target, placement=placement)
+    spec = CodecSpec(policy="I", target=target, placement=placement, accumulator_outputs=accumulator_outputs)
     low = lower_program(torch.export.export(module, inputs), spec, calib)
     lowering = time.perf_counter() - t
     vela = low.report["vela"]
     info = inspect_pte(low.pte)
     vela = vela | {"delegates": len(info.delegate_ids), "program_cpu_ops": len(info.operators)}
     got = [_first(simulate(low.planned, x)) for x in tests]
-    flow = "ours (I)" if placement is None else f"ours (I, {placement})"
+    options = ([placement] if placement else []) + (["int8 outputs"] if accumulator_outputs is False else [])
+    flow = f"ours (I, {', '.join(options)})" if options else "ours (I)"
     return _row(model, target, flow, vela, _tosa(list(low.files.values())),
                 vela["cpu_ops"] - len(info.operators), lowering, _sqnr(eager, got))
 
@@ -227,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--placements", nargs="+", default=[None], type=lambda s: None if s == "default" else s,
                    help="our placements, one row each (default: the spec's default at policy I, "
                         "nonlocal+share)")
+    p.add_argument("--int8-outputs", action="store_true",
+                   help="also one row per placement with --int8-outputs (the output requantised to INT8)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--tosa-dir", type=Path, help="also write each row's TOSA here, for running Vela "
                    "with --verbose-performance on it (per-layer cycles)")
@@ -245,9 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             eager = [_first(module(*x)) for x in tests]
         for target in args.targets:
             # (file tag, run): ours once per placement asked for
-            runs = [("stock", run_stock)] + [(f"ours_{pl}" if pl else "ours",
-                                              functools.partial(run_ours, placement=pl))
-                                             for pl in args.placements]
+            wide = [None, False] if args.int8_outputs else [None]
+            runs = [("stock", run_stock)] + [
+                ((f"ours_{pl}" if pl else "ours") + ("_int8_outputs" if acc is False else ""),
+                 functools.partial(run_ours, placement=pl, accumulator_outputs=acc))
+                for pl in args.placements for acc in wide]
             for tag, run in runs:
                 rows.append(run(model, target, module, inputs, calib, tests, eager))
                 print(f"[{model} {target} {rows[-1].flow}] {rows[-1].cycles} cycles", file=sys.stderr, flush=True)

@@ -230,6 +230,26 @@ def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def identity_rescales_removed() -> Iterator[None]:
+    """Drop Arm's identity int32 RESCALEs after its backend pass pipeline
+    (`_passes/remove_identity_rescales`): the ones after an accumulator output."""
+    from executorch.backends.arm._passes import ArmPassManager
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from codec_tosa._passes.remove_identity_rescales import remove_identity_rescales
+
+    pipeline = ArmPassManager.transform_to_backend_pipeline
+
+    def pipeline_then_remove(self: Any, *args: Any, **kwargs: Any) -> Any:
+        graph_module = pipeline(self, *args, **kwargs)
+        remove_identity_rescales(graph_module, exir_ops.backend.tosa.RESCALE.default)
+        return graph_module
+
+    with _patched(ArmPassManager, "transform_to_backend_pipeline", pipeline_then_remove):
+        yield
+
+
 def codec_ops() -> "CodecOps":
     """The operator targets `LowerCodecsPass` reads and writes, as Arm 1.5.1 lowers them.
 

@@ -136,8 +136,10 @@ def learn_thetas(
     if not plan.domains:
         return {}
     check_calibration(ep, calibration)
+    # an accumulator output's scale is s_in * s_w, fixed by the weight's encoding
+    learned = [d for d in plan.domains if not d.accumulator]
     where: dict[int, list[str]] = {}
-    for d in plan.domains:
+    for d in learned:
         names = []
         for x, label in zip(d.observed, d.dominators):
             node = graph.fx_value_node[x]
@@ -156,7 +158,7 @@ def learn_thetas(
         for inputs in calibration:
             ranges.run(*lifted_args(ep, inputs, real_state))
     thetas: dict[int, Theta] = {}
-    for d in plan.domains:
+    for d in learned:
         names = where[d.id]
         seen = [n for n in names if n in ranges.lo]  # empty tensors are not observed
         lo = min((ranges.lo[n] for n in seen), default=0.0)

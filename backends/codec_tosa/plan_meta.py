@@ -28,11 +28,14 @@ KEY = "codec_tosa"
 
 @dataclass(frozen=True)
 class PortCodec:
-    """An encoded port: its domain and theta, or an offline-encoded weight."""
+    """An encoded port: its domain and theta, or an offline-encoded weight, or an
+    output handed over as the operator's int32 accumulator (no theta: its scale is
+    s_in * s_w, known once the weight is encoded)."""
 
     domain: int = -1
     theta: Theta | None = None
     weight: bool = False
+    accumulator: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,20 +66,25 @@ def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[i
             elif sem.in_sem[p] == CODE:
                 d = plan.in_domain[p]
                 ins[in_key(graph, p)] = PortCodec(d, thetas[d])
-        outs = {
-            graph.val_slot[v]: PortCodec(plan.value_domain[v], thetas[plan.value_domain[v]])
-            for v in graph.op_out[op]
-            if sem.out_code[v]
-        }
+        outs = {graph.val_slot[v]: _out_codec(plan, thetas, v) for v in graph.op_out[op] if sem.out_code[v]}
         facts = None
         row = table.lookup(graph.op_target[op])
         if (ins or outs) and row is not None:
-            facts = OpFacts(row.weight_axis, row.bias, row.bias_scale_of,
+            # an accumulator output has one scale, s_in * s_w: the weight gets one too
+            accumulator = any(c.accumulator for c in outs.values())
+            facts = OpFacts(None if accumulator else row.weight_axis, row.bias, row.bias_scale_of,
                             row.int8_refusal(lambda name: graph.op_argument(op, name)))
         if ins or outs:
             node.meta[KEY] = {"in": ins, "out": outs, "facts": facts}
         else:
             node.meta.pop(KEY, None)
+
+
+def _out_codec(plan: Plan, thetas: dict[int, Theta], v: int) -> PortCodec:
+    d = plan.value_domain[v]
+    if plan.domains[d].accumulator:
+        return PortCodec(d, accumulator=True)
+    return PortCodec(d, thetas[d])
 
 
 def read_port_codecs(graph: PortGraph) -> tuple[list[PortCodec | None], list[PortCodec | None]]:

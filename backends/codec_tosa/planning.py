@@ -19,7 +19,7 @@ from torch.export import ExportedProgram
 
 from codec_tosa.calibration import learn_thetas
 from codec_tosa.codecs.base import Theta
-from codec_tosa.graph import OUTPUT_OP, PortGraph
+from codec_tosa.graph import PortGraph
 from codec_tosa.placement import Placement, place
 from codec_tosa.plan_meta import write_plan_meta
 from codec_tosa.spec import CodecSpec
@@ -51,17 +51,17 @@ class PlannedProgram:
                        self.spec.fused_transcode, per_op=False)
 
     def output_steps(self, fallback: Sequence[float]) -> list[float]:
-        """One quantisation step of each program output: the scale of the domain it
-        is decoded from, else `fallback` (the caller's estimate for an FP32 output)."""
+        """One quantisation step of each program output: the scale of the decode the
+        materialised program ends it with (an INT8 domain's, or an int32 accumulator's,
+        `placement/accumulators.py`), else `fallback` (the caller's estimate for an
+        FP32 output)."""
+        from codec_tosa._passes.materialize_codecs import DQ_TENSOR
+
         steps = list(fallback)
-        k = 0
-        for p in range(self.graph.num_in_ports):
-            if self.graph.in_op[p] != OUTPUT_OP:
-                continue
-            d = self.placement.plan.value_domain[self.graph.in_value[p]]
-            if d >= 0 and d in self.thetas and k < len(steps):
-                steps[k] = max(steps[k], self.thetas[d].scale)
-            k += 1
+        returned = self.materialized().graph_module.graph.output_node().args[0]
+        for k, node in enumerate(list(returned)[:len(steps)]):
+            if isinstance(node, torch.fx.Node) and node.target == DQ_TENSOR:
+                steps[k] = max(steps[k], float(node.args[1]))
         return steps
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +71,7 @@ class PlannedProgram:
             "domains": [
                 {"id": d.id, "dominator": d.dominator,
                  **({"shared_with": [label for label, _ in d.shared]} if d.shared else {}),
+                 **({"accumulator": True} if d.accumulator else {}),
                  **({"scale": self.thetas[d.id].scale, "zero_point": self.thetas[d.id].zero_point}
                     if d.id in self.thetas else {})}
                 for d in plan.domains
@@ -91,7 +92,8 @@ def plan_program(ep: ExportedProgram, spec: CodecSpec, calibration: Sequence[Seq
     table = spec.commutation_table
     plain_ops = [op for op in range(graph.num_ops) if _stays_fp32(graph, op, table, delegated)]
     placement = place(graph, table, spec.policy, spec.placement,
-                      fused_transcode=spec.fused_transcode, plain_ops=plain_ops)
+                      fused_transcode=spec.fused_transcode, plain_ops=plain_ops,
+                      accumulator_outputs=spec.accumulator_outputs)
     thetas = (learn_thetas(ep, graph, placement.plan, calibration, codec=spec.activation_codec,
                            real_state=real_state, observer=spec.observer)
               if placement.plan.domains else {})

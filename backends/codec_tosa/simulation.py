@@ -13,7 +13,8 @@ bit instead of drifting by a few quantisation steps on deep models
   exactly (float64 of integers below 2**53, then rounded), plus the int32
   bias codes, then RESCALEd to the output codes with the per-channel scale
   ``(s_x * s_w[c]) / s_out`` in the order Arm's RewriteConvPass and
-  RewriteMatmulPass compute it;
+  RewriteMatmulPass compute it (an int32 quantize at ``s_x * s_w`` is an
+  accumulator output: the RESCALE is the identity);
 * a ``dequantize(theta_s) -> quantize(theta_d)`` pair (a transcode) is one
   int8 -> int8 RESCALE with scale ``s_s / s_d``, as Arm's InsertRescalePass
   builds it;
@@ -76,6 +77,7 @@ _ADD_SHIFT_BITS = 20
 _MEANS = ("aten.mean.dim", "aten.mean.default")
 _LAYER_NORM = "aten.native_layer_norm.default"
 _INT8 = torch.int8
+_INT32 = torch.int32
 
 
 @dataclass(frozen=True)
@@ -198,13 +200,16 @@ class IntegerSimulator(torch.fx.Interpreter):
         """The RESCALE Arm emits for this quantize, or None when it is an encode."""
         src = n.args[0]
         _, scale, zp, _, _, dtype = _args(n, self)
-        if dtype != _INT8 or not isinstance(src, torch.fx.Node):
+        if dtype not in (_INT8, _INT32) or not isinstance(src, torch.fx.Node):
             return None
         if src in self.accumulators:
             acc = self.accumulators.pop(src)
-            # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double)
+            # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double);
+            # an int32 output at s_in * s_w is the accumulator itself (scale 1)
             scales = [(acc.in_scale * w) / float(scale) for w in acc.weight_scales]
-            return rescale(acc.values, scales, 0, int(zp), _INT8, acc.channel_axis)
+            return rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis)
+        if dtype != _INT8:
+            return None
         held = self.codes.get(src)
         if held is not None and held.axis is None and held.dtype == _INT8:
             self.stats.transcodes.append(n.name)
@@ -325,7 +330,8 @@ class IntegerSimulator(torch.fx.Interpreter):
 
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
-        if not n.users or not all(_is_int8_quantize(u) for u in n.users):
+        # an int32 quantize is an accumulator output (placement/accumulators.py)
+        if not n.users or not all(_is_int8_quantize(u) or _is_int32_quantize(u) for u in n.users):
             return None
         operands = _tensor_operands(n, key)
         held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
@@ -455,6 +461,11 @@ def _tensor_operands(n: torch.fx.Node, key: str) -> list[Any]:
 def _is_int8_quantize(n: torch.fx.Node) -> bool:
     return (n.op == "call_function" and target_key(n.target) == _Q
             and len(n.args) > 5 and n.args[5] == _INT8)
+
+
+def _is_int32_quantize(n: torch.fx.Node) -> bool:
+    return (n.op == "call_function" and target_key(n.target) == _Q
+            and len(n.args) > 5 and n.args[5] == _INT32)
 
 
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]

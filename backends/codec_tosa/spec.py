@@ -33,7 +33,11 @@ class CodecSpec:
     (concatenations observed with their inputs, as Arm's INT8 quantizer does)
     and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` at
     policy I (the range Arm's INT8 quantizer's HistogramObserver picks) and
-    ``minmax`` otherwise."""
+    ``minmax`` otherwise. `accumulator_outputs=None` is true on an integer-only
+    target: a convolution's or linear's result that only the program output
+    reads leaves the delegate as its int32 accumulator, decoded on the CPU,
+    instead of requantised to INT8 first (docs/DESIGN.md, "Accumulator
+    outputs")."""
 
     policy: str = "W"
     placement: str | None = None
@@ -45,6 +49,7 @@ class CodecSpec:
     symmetric_activations: bool = False
     target: str = "tosa"
     observer: str | None = None
+    accumulator_outputs: bool | None = None
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
@@ -65,6 +70,11 @@ class CodecSpec:
                              "Ethos-U runs integer TOSA only")
         if self.ethos_u and self.tosa not in (None, INT_ONLY):
             raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
+        if self.accumulator_outputs is None:
+            object.__setattr__(self, "accumulator_outputs", self.integer_only)
+        if self.accumulator_outputs and not self.integer_only:
+            raise ValueError(f"accumulator outputs need an integer-only target (policy {INTEGER_POLICY} "
+                             f"with {INT_ONLY}); got policy {self.policy} with {self.tosa_spec}")
 
     @property
     def commutation_table(self) -> CommutationTable:
@@ -104,6 +114,7 @@ class CodecSpec:
                 "tosa": self.tosa_spec, "target": self.target,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "symmetric_activations": self.symmetric_activations, "observer": self.observer,
+                "accumulator_outputs": self.accumulator_outputs,
                 "custom_table": self.table is not None}
 
     def dumps(self) -> str:

@@ -10,6 +10,8 @@
   the width of the port's semantics; codec operators included. Folded
   constant operators, getitem, placeholders and outputs move nothing, and an
   output that nothing reads (max_pool2d's indices) is not written.
+* an accumulator output (placement/accumulators.py) is written, and read by
+  its decode, as int32;
 * codec items: elements processed by codec operators; an unfused transcode
   counts as a decode plus an encode, a fused one (int8 -> int8 RESCALE) once.
 * lower bound: the same variants with zero codec traffic.
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from codec_tosa.graph import CONSTANT, PortGraph
+from codec_tosa.placement.accumulators import ACCUMULATOR_BYTES
 from codec_tosa.placement.plan import DECODE, ENCODE, Plan
 from codec_tosa.placement.semantics import PLAIN, WEIGHT, Semantics
 
@@ -95,6 +98,7 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
     rows: list[OpTraffic] = []
     total = 0
     numel = [graph.numel(v) for v in range(graph.num_values)]
+    wide = {v for d in plan.domains if d.accumulator for v in d.values}
     for op in range(graph.num_ops):
         if graph.op_const[op]:
             continue
@@ -104,7 +108,7 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
         w = 0
         for v in graph.op_out[op]:
             if graph.val_uses[v]:  # an output nobody reads (max_pool2d's indices) is not written
-                w += numel[v] * value_width(graph, sem, v)
+                w += numel[v] * (ACCUMULATOR_BYTES if v in wide else value_width(graph, sem, v))
         total += r + w
         if per_op:
             rows.append(OpTraffic(graph.op_name[op], graph.op_target[op], r, w))
@@ -115,7 +119,7 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
         if c.kind == ENCODE:
             r, w, k = n * plain, n * CODE_BYTES, n
         elif c.kind == DECODE:
-            r, w, k = n * CODE_BYTES, n * plain, n
+            r, w, k = n * (ACCUMULATOR_BYTES if c.value_id in wide else CODE_BYTES), n * plain, n
         elif fused_transcode:
             r, w, k = n * CODE_BYTES, n * CODE_BYTES, n
         else:  # a decode followed by an encode

@@ -21,6 +21,10 @@ pass pipeline understands:
   ``InsertRescalePass`` turns the remaining ``dq_s -> q_d`` pair into one
   int8 -> int8 ``RESCALE``, so transcodes come out fused (codes in, codes
   out) without anything more from us;
+* an accumulator output (`placement/accumulators.py`; no theta in the
+  plan): ``quantize(int32, s_in * s_w, 0) -> dequantize`` after the operator,
+  its weight encoded per tensor (the facts' axis is None), so the value leaves
+  the delegate as the int32 accumulator and the CPU decodes it;
 * a WEIGHT in-port (offline-encoded operand): the constant it reads is
   evaluated, encoded (symmetric INT8, `Int8Affine.learn_weight`), stored as a
   new int8 lifted constant and read through ``dequantize_per_channel`` (or
@@ -160,6 +164,7 @@ class _Materializer:
         self.stats = stats
         self._const_values: dict[int, torch.Tensor] = {}
         self._read_constants: list[torch.fx.Node] = []
+        self._accumulators: dict[int, Theta] = {}  # op -> theta of its int32 accumulator output
 
     # ---- annotation -------------------------------------------------------
     def annotate_int8_ops(self) -> None:
@@ -198,6 +203,20 @@ class _Materializer:
                 w_scales = self._encode_weight(op, p, facts.axis)
             if facts.bias is not None and len(weight_ports) == 1 and w_scales is not None:
                 self._encode_bias(op, facts, w_scales)
+            if any(self.outs[v] is not None and self.outs[v].accumulator for v in self.g.op_out[op]):
+                self._accumulators[op] = self._accumulator_theta(op, facts, w_scales)
+
+    def _accumulator_theta(self, op: int, facts: OpFacts, w_scales: torch.Tensor | None) -> Theta:
+        """The int32 codes of an accumulator output: scale s_in * s_w, zero point 0.
+        Arm's RewriteConvPass then RESCALEs the accumulator by (s_in * s_w) / s_out,
+        exactly 1.0 in double, which `_passes/remove_identity_rescales` drops."""
+        name = self.g.op_name[op]
+        act_port = self._port_by_arg(op, facts.bias_scale_of) if facts.bias_scale_of else None
+        act = self.ins[act_port] if act_port is not None else None
+        if act is None or act.theta is None or w_scales is None or len(w_scales) != 1:
+            raise MaterializeError(f"node {name}: an accumulator output needs an encoded input and "
+                                   "one weight scale")
+        return Theta(act.theta.scale * float(w_scales[0]), 0, _INT32_QMIN, _INT32_QMAX, torch.int32)
 
     def _encode_weight(self, op: int, port: int, axis: int | None) -> torch.Tensor:
         """Replace the constant read at `port` by int8 codes + dequantize; return the scales."""
@@ -285,7 +304,7 @@ class _Materializer:
         constant = self.g.val_kind[v] == CONSTANT
         value = self._constant(v, self.g.val_uses[v][0]) if constant and self.g.val_uses[v] else None
         if src is not None:
-            theta_s = _theta(src, self.g.val_name[v])
+            theta_s = self._accumulators[self.g.val_op[v]] if src.accumulator else _theta(src, self.g.val_name[v])
             if value is not None:
                 value, base = self._offline_codes(value, theta_s, self.g.val_name[v])
             else:
@@ -459,7 +478,7 @@ def _check_thetas(graph: PortGraph, ins: list[PortCodec | None], outs: list[Port
         if c is not None and not c.weight:
             _theta(c, graph.in_port_label(p))
     for v, c in enumerate(outs):
-        if c is not None:
+        if c is not None and not c.accumulator:
             _theta(c, graph.out_port_label(v))
 
 

@@ -20,7 +20,12 @@ serve (docs/DESIGN.md, "Operator facts"):
   ``s(bias_scale_of) * s(weight)``, and the activation argument that is;
 * `int8_lowering`: why Arm's TOSA lowering cannot take the operator with
   encoded ports (None: it can); the compiler keeps such operators FP32;
-* `int8_refused_if`: boolean arguments that, when true, keep it FP32 too.
+* `int8_refused_if`: boolean arguments that, when true, keep it FP32 too;
+* `accumulates`: the INT8 kernel sums products into an int32 accumulator at
+  scale ``s(bias_scale_of) * s(weight)`` and requantises it with a RESCALE;
+  at an integer target, an output of it that only the program output reads
+  leaves the delegate as that accumulator instead (docs/DESIGN.md,
+  "Accumulator outputs").
 
 A user table's row inherits the facts of the built-in row for its operator
 unless it states them.
@@ -44,7 +49,7 @@ from codec_tosa.commutation.policy import PolicyOrder
 OUT = "out"
 
 
-_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if")
+_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if", "accumulates")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Row:
     bias_scale_of: str | None = None
     int8_lowering: str | None = None
     int8_refused_if: tuple[str, ...] = ()
+    accumulates: bool = False
 
     def int8_refusal(self, argument: Callable[[str], Any]) -> str | None:
         """Why this operator, called with `argument(name)`, stays FP32 in the lowering."""
@@ -82,6 +88,7 @@ class Row:
             "bias_scale_of": self.bias_scale_of,
             "int8_lowering": self.int8_lowering,
             "int8_refused_if": list(self.int8_refused_if),
+            "accumulates": self.accumulates,
         }
 
     @staticmethod
@@ -102,6 +109,7 @@ class Row:
             bias_scale_of=d.get("bias_scale_of", base.bias_scale_of),
             int8_lowering=d.get("int8_lowering", base.int8_lowering),
             int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
+            accumulates=bool(d.get("accumulates", base.accumulates)),
         )
 
 
@@ -194,9 +202,9 @@ def _default_rows() -> list[Row]:
         # RewriteConvPass / DecomposeLinearPass turn into per-channel RESCALEs;
         # a transposed convolution keeps its output channels on axis 1
         _compute("aten.convolution.default", ("input", "weight"), ("weight",), weight_axis=0,
-                 bias="bias", bias_scale_of="input", int8_refused_if=("transposed",)),
+                 bias="bias", bias_scale_of="input", int8_refused_if=("transposed",), accumulates=True),
         _compute("aten.linear.default", ("input", "weight"), ("weight",), weight_axis=0,
-                 bias="bias", bias_scale_of="input"),
+                 bias="bias", bias_scale_of="input", accumulates=True),
         # matmul operands: one scale per tensor (Arm's MATMUL rescale reads no more)
         _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2"), int8_lowering=_ADDMM_INT8),
         _compute("aten.mm.default", ("self", "mat2"), ("self", "mat2")),

@@ -137,7 +137,7 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
     edge = EdgeProgramManager({"forward": materialized},
                               compile_config=EdgeCompileConfig(_check_ir_validity=False))
     with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir:
-        with arm_adapter.vela_runs_kept(vela_dir) as runs:
+        with arm_adapter.vela_runs_kept(vela_dir) as runs, arm_adapter.identity_rescales_removed():
             try:
                 edge = edge.to_backend(IntegerPartitioner(part.planned))
             except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
