@@ -70,6 +70,12 @@ class CodecSpec:
                              "Ethos-U runs integer TOSA only")
         if self.ethos_u and self.tosa not in (None, INT_ONLY):
             raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
+        if self.target == "vgf" and self.integer_only:
+            # the integer-only flow delegates through Arm's INT partitioner after
+            # planning, which is wired for TOSA and Ethos-U; VGF would get nothing
+            raise ValueError(f"--target vgf takes the TOSA-1.0+INT+FP and +FP policies, not an "
+                             f"integer-only one (policy {self.policy}, {self.tosa_spec}); use "
+                             "--target tosa or an Ethos-U target for policy I")
         if self.accumulator_outputs is None:
             object.__setattr__(self, "accumulator_outputs", self.integer_only)
         if self.accumulator_outputs and not self.integer_only:
