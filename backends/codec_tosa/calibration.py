@@ -136,7 +136,7 @@ def learn_thetas(
     if not plan.domains:
         return {}
     check_calibration(ep, calibration)
-    # an accumulator output's scale is s_in * s_w, fixed by the weight's encoding
+    # an accumulator output's scales are s_in * s_w[c], fixed by the weight's encoding
     learned = [d for d in plan.domains if not d.accumulator]
     where: dict[int, list[str]] = {}
     for d in learned:

@@ -29,8 +29,8 @@ KEY = "codec_tosa"
 @dataclass(frozen=True)
 class PortCodec:
     """An encoded port: its domain and theta, or an offline-encoded weight, or an
-    output handed over as the operator's int32 accumulator (no theta: its scale is
-    s_in * s_w, known once the weight is encoded)."""
+    output handed over as the operator's int32 accumulator (no theta: its scales
+    are s_in * s_w[c], known once the weight is encoded)."""
 
     domain: int = -1
     theta: Theta | None = None
@@ -70,9 +70,7 @@ def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[i
         facts = None
         row = table.lookup(graph.op_target[op])
         if (ins or outs) and row is not None:
-            # an accumulator output has one scale, s_in * s_w: the weight gets one too
-            accumulator = any(c.accumulator for c in outs.values())
-            facts = OpFacts(None if accumulator else row.weight_axis, row.bias, row.bias_scale_of,
+            facts = OpFacts(row.weight_axis, row.bias, row.bias_scale_of,
                             row.int8_refusal(lambda name: graph.op_argument(op, name)))
         if ins or outs:
             node.meta[KEY] = {"in": ins, "out": outs, "facts": facts}

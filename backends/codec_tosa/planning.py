@@ -51,17 +51,26 @@ class PlannedProgram:
                        self.spec.fused_transcode, per_op=False)
 
     def output_steps(self, fallback: Sequence[float]) -> list[float]:
-        """One quantisation step of each program output: the scale of the decode the
-        materialised program ends it with (an INT8 domain's, or an int32 accumulator's,
-        `placement/accumulators.py`), else `fallback` (the caller's estimate for an
-        FP32 output)."""
-        from codec_tosa._passes.materialize_codecs import DQ_TENSOR
+        """One quantisation step of each program output: the (largest) scale of the
+        decode the materialised program ends it with (an INT8 domain's, or an int32
+        accumulator's per channel, `placement/accumulators.py`), else `fallback`
+        (the caller's estimate for an FP32 output)."""
+        from executorch.backends.transforms.utils import get_param_tensor
 
+        from codec_tosa._passes.materialize_codecs import DQ_CHANNEL, DQ_TENSOR
+
+        program = self.materialized()
         steps = list(fallback)
-        returned = self.materialized().graph_module.graph.output_node().args[0]
+        returned = program.graph_module.graph.output_node().args[0]
         for k, node in enumerate(list(returned)[:len(steps)]):
-            if isinstance(node, torch.fx.Node) and node.target == DQ_TENSOR:
+            if not isinstance(node, torch.fx.Node):
+                continue
+            if node.target == DQ_TENSOR:
                 steps[k] = max(steps[k], float(node.args[1]))
+            elif node.target == DQ_CHANNEL:
+                scales = get_param_tensor(program, node.args[1])
+                if scales is not None:
+                    steps[k] = max(steps[k], float(scales.max()))
         return steps
 
     def to_json(self) -> dict[str, Any]:

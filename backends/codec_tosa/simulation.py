@@ -13,8 +13,8 @@ bit instead of drifting by a few quantisation steps on deep models
   exactly (float64 of integers below 2**53, then rounded), plus the int32
   bias codes, then RESCALEd to the output codes with the per-channel scale
   ``(s_x * s_w[c]) / s_out`` in the order Arm's RewriteConvPass and
-  RewriteMatmulPass compute it (an int32 quantize at ``s_x * s_w`` is an
-  accumulator output: the RESCALE is the identity);
+  RewriteMatmulPass compute it (an int32 quantize is an accumulator output,
+  whose weight is read at scale 1: the RESCALE is the identity);
 * a ``dequantize(theta_s) -> quantize(theta_d)`` pair (a transcode) is one
   int8 -> int8 RESCALE with scale ``s_s / s_d``, as Arm's InsertRescalePass
   builds it;
@@ -205,7 +205,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         if src in self.accumulators:
             acc = self.accumulators.pop(src)
             # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double);
-            # an int32 output at s_in * s_w is the accumulator itself (scale 1)
+            # an int32 output (weight read at scale 1, output at s_in) is the accumulator itself
             scales = [(acc.in_scale * w) / float(scale) for w in acc.weight_scales]
             return rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis)
         if dtype != _INT8:

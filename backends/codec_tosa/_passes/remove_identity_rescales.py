@@ -1,9 +1,9 @@
 """FX pass: drop int32 -> int32 RESCALEs that multiply by exactly 1.
 
 An accumulator output (docs/DESIGN.md, "Accumulator outputs") is a quantize
-to int32 at ``s_in * s_w``; Arm's RewriteConvPass still follows the
-convolution with a RESCALE by ``(s_in * s_w) / s_out``, here exactly 1.0 with
-both zero points 0. That RESCALE is the identity (TOSA's multiplier 2**30,
+to int32 at ``s_in`` after a convolution whose weight is read at scale 1;
+Arm's RewriteConvPass still follows the convolution with a RESCALE by
+``(s_in * 1) / s_in``, exactly 1.0, with both zero points 0. That RESCALE is the identity (TOSA's multiplier 2**30,
 shift 30 gives back every int32 value), and Vela turns an int32 -> int32
 RESCALE into a separate NPU operator (Arm's FuseConsecutiveRescalesPass notes
 it computes zeros), so it goes: its readers read the accumulator.

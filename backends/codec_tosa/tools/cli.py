@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--int8-outputs", action="store_true",
                    help="at policy I, requantise a convolution's or linear's program output to INT8 "
                         "inside the delegate, as Arm's flow does (default: the delegate hands over the "
-                        "int32 accumulator and the CPU decodes it)")
+                        "int32 accumulator and the CPU decodes it per channel)")
     c.add_argument("--table", help="a user commutation table (JSON)")
     c.add_argument("--target", default="tosa",
                    help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "

@@ -40,9 +40,11 @@ CONVERTED_FROM_TOSA: dict[str, str] = {
     ETHOS_U_BACKEND_ID: "Ethos-U",  # Vela's command stream
 }
 # The CPU kernels of an integer-only program's boundary: the input encodes and
-# the output decodes (as in Arm's INT8 flow)
+# the output decodes (as in Arm's INT8 flow; per channel for an int32 accumulator
+# output, docs/DESIGN.md "Accumulator outputs")
 IO_KERNELS = frozenset({"quantized_decomposed::quantize_per_tensor",
-                        "quantized_decomposed::dequantize_per_tensor"})
+                        "quantized_decomposed::dequantize_per_tensor",
+                        "quantized_decomposed::dequantize_per_channel"})
 
 
 @dataclass(frozen=True)
