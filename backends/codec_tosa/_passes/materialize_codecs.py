@@ -214,7 +214,7 @@ class _Materializer:
             for p in weight_ports:
                 w_scales = self._encode_weight(op, p, facts.axis, unit_scale=accumulator)
             if facts.bias is not None and len(weight_ports) == 1 and w_scales is not None:
-                self._encode_bias(op, facts, torch.ones_like(w_scales) if accumulator else w_scales, w_scales)
+                self._encode_bias(op, facts, w_scales, unit_weight_scale=accumulator)
             if accumulator:
                 self._accumulators[op] = self._accumulator(op, facts, w_scales)
 
@@ -275,9 +275,10 @@ class _Materializer:
         return ct.scales.float()
 
     def _encode_bias(self, op: int, facts: OpFacts, w_scales: torch.Tensor,
-                     code_scales: torch.Tensor | None = None) -> None:
-        """The bias as int32 codes at s_in * `code_scales` (default `w_scales`), read
-        through a dequantize at s_in * `w_scales` (the weight's scales as read)."""
+                     unit_weight_scale: bool = False) -> None:
+        """The bias as int32 codes at s_in * `w_scales`, read through a dequantize at
+        that scale, or at s_in when the weight is read at scale 1 (an accumulator
+        output's: the codes are the same, the decode applies `w_scales`)."""
         assert facts.bias is not None and facts.bias_scale_of is not None
         bias_port = self._port_by_arg(op, facts.bias)
         act_port = self._port_by_arg(op, facts.bias_scale_of)
@@ -289,9 +290,8 @@ class _Materializer:
                 f"node {self.g.op_name[op]}: weight is encoded but input {facts.bias_scale_of} is not; "
                 "an INT8 compute operator needs an encoded activation to scale its int32 bias")
         bias = self._constant(self.g.in_value[bias_port], bias_port).float()
-        scales = (act.theta.scale * w_scales).expand(bias.shape[-1]).contiguous().float()
-        coded = scales if code_scales is None else \
-            (act.theta.scale * code_scales).expand(bias.shape[-1]).contiguous().float()
+        coded = (act.theta.scale * w_scales).expand(bias.shape[-1]).contiguous().float()
+        scales = torch.full_like(coded, act.theta.scale) if unit_weight_scale else coded
         exact = torch.round(bias / coded)
         name = self.g.op_name[op]
         if bool(((exact < _INT32_QMIN) | (exact > _INT32_QMAX)).any()):
