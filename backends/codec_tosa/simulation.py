@@ -331,7 +331,7 @@ class IntegerSimulator(torch.fx.Interpreter):
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
         # an int32 quantize is an accumulator output (placement/accumulators.py)
-        if not n.users or not all(_is_int8_quantize(u) or _is_int32_quantize(u) for u in n.users):
+        if not n.users or not all(_is_quantize(u, (_INT8, _INT32)) for u in n.users):
             return None
         operands = _tensor_operands(n, key)
         held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
@@ -379,7 +379,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         sum of the decoded values rounds differently near a boundary, and a
         ResNet's residual adds amplify one such code through the layers after
         it (U-Net at policy I was 10 steps off)."""
-        if self.fp32_delegated or not n.users or not all(_is_int8_quantize(u) for u in n.users):
+        if self.fp32_delegated or not n.users or not all(_is_quantize(u) for u in n.users):
             return None
         operands = n.args[:1] if key == _SUM else n.args[:2]
         held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
@@ -458,14 +458,9 @@ def _tensor_operands(n: torch.fx.Node, key: str) -> list[Any]:
     return [a for a in operands if a is not None]
 
 
-def _is_int8_quantize(n: torch.fx.Node) -> bool:
+def _is_quantize(n: torch.fx.Node, dtypes: tuple[torch.dtype, ...] = (_INT8,)) -> bool:
     return (n.op == "call_function" and target_key(n.target) == _Q
-            and len(n.args) > 5 and n.args[5] == _INT8)
-
-
-def _is_int32_quantize(n: torch.fx.Node) -> bool:
-    return (n.op == "call_function" and target_key(n.target) == _Q
-            and len(n.args) > 5 and n.args[5] == _INT32)
+            and len(n.args) > 5 and n.args[5] in dtypes)
 
 
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]

@@ -17,13 +17,10 @@ from codec_tosa.graph import OUTPUT_OP, PortGraph
 from codec_tosa.placement.plan import Plan
 from codec_tosa.placement.semantics import WEIGHT, Semantics
 
-ACCUMULATOR_BYTES = 4  # int32
 
-
-def mark_accumulator_outputs(graph: PortGraph, sem: Semantics, plan: Plan, table: CommutationTable) -> int:
+def mark_accumulator_outputs(graph: PortGraph, sem: Semantics, plan: Plan, table: CommutationTable) -> None:
     """Mark the domains whose one tensor is an accumulating operator's result read only by
-    the program output (`Domain.accumulator`); return how many."""
-    marked = 0
+    the program output (`Domain.accumulator`)."""
     for d in plan.domains:
         if d.in_ports or d.shared or len(d.values) != 1:
             continue
@@ -39,8 +36,6 @@ def mark_accumulator_outputs(graph: PortGraph, sem: Semantics, plan: Plan, table
         if not any(sem.in_sem[p] == WEIGHT for p in graph.op_in[op]):
             continue
         d.accumulator = True
-        marked += 1
-    return marked
 
 
-__all__ = ["ACCUMULATOR_BYTES", "mark_accumulator_outputs"]
+__all__ = ["mark_accumulator_outputs"]

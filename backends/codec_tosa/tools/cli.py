@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-pool", action="store_true", help="do not pool helper constants")
     c.add_argument("--symmetric-activations", action="store_true",
                    help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
+    # calibration.OBSERVERS (not imported here: it loads torch)
     c.add_argument("--observer", choices=("minmax", "histogram"),
                    help="how calibration picks each domain's range (default: histogram at policy I, "
                         "as Arm's INT8 quantizer; minmax otherwise)")
