@@ -15,7 +15,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .mlperf_tiny import deep_autoencoder, deep_autoencoder_bn, ds_cnn, mobilenet_v1_025, resnet8
 from .tiny import tiny_shufflenet
+from .trained import digits_ds_cnn, digits_mobilenet, digits_resnet8, digits_vit
 from .transformer import siglip, smollm2, vit_tiny
 from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet, unet_256
 
@@ -32,6 +34,17 @@ BUILTIN_MODELS: dict[str, Builder] = {
     "mobilenet_v2": mobilenet_v2,
     "vit_tiny": vit_tiny,
     "unet_256": unet_256,
+    # Trained on sklearn's digits, committed weights (trained/weights/).
+    "digits_resnet8": digits_resnet8,
+    "digits_ds_cnn": digits_ds_cnn,
+    "digits_mobilenet": digits_mobilenet,
+    "digits_vit": digits_vit,
+    # executorch's MLPerf Tiny models, as Arm's model tests build them (mlperf_tiny.py)
+    "ds_cnn": ds_cnn,
+    "mobilenet_v1_025": mobilenet_v1_025,
+    "resnet8": resnet8,
+    "deep_autoencoder": deep_autoencoder,
+    "deep_autoencoder_bn": deep_autoencoder_bn,
 }
 
 # The four models of the paper's tables, in table order.
@@ -97,6 +110,10 @@ __all__ = [
     "BUILTIN_MODELS",
     "PAPER_MODELS",
     "ModelAndInputs",
+    "digits_ds_cnn",
+    "digits_mobilenet",
+    "digits_resnet8",
+    "digits_vit",
     "inception_v3",
     "mobilenet_v2",
     "load_model",

@@ -17,7 +17,8 @@ def _param_count(model: torch.nn.Module) -> int:
 def test_registry_holds_the_paper_models_and_the_demo() -> None:
     assert set(BUILTIN_MODELS) == {
         "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2",
-        "vit_tiny", "unet_256",
+        "vit_tiny", "unet_256", "digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit",
+        "ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder", "deep_autoencoder_bn",
     }
     assert PAPER_MODELS == ("shufflenet_v2", "unet", "siglip", "smollm2")
 
