@@ -5,10 +5,10 @@ For each model and target, in this order:
 * ``stock``: Arm's documented flow, `EthosUQuantizer` with
   `get_symmetric_quantization_config()`, calibrated on the same inputs, then
   `EthosUPartitioner` (Vela);
-* ``ours``: `codec-tosa compile MODEL --policy I --target TARGET` as a library call;
-  with ``--int8-outputs`` also ``ours (I, int8 outputs)``, the same with
-  `--int8-outputs` (the output requantised to INT8 inside the delegate, as stock
-  does, instead of handed over as the int32 accumulator).
+* ``ours (Arm's flow)``: the same flow with one line changed, `CodecQuantizer`
+  in place of `EthosUQuantizer` (the README's Ethos-U recipe);
+* ``ours (I)``: `codec-tosa compile MODEL --policy I --target TARGET` as a
+  library call, which runs that flow itself: its figures equal the row above.
 
 Reported per row, from Vela's own summary: cycles, SRAM used and off-chip
 bytes, NPU and CPU operators; and delegates, CPU operators of the program,
@@ -27,7 +27,7 @@ TOSA computes).
 Usage::
 
     python benchmarks/ethos_u.py [--models shufflenet_v2 mobilenet_v2 inception_v3 unet]
-        [--targets ethos-u55-128 ethos-u85-256] [--unet-size 256] [--samples 4] [--int8-outputs]
+        [--targets ethos-u55-128 ethos-u85-256] [--unet-size 256] [--samples 4]
         [--json benchmarks/ethos_u.json]
 """
 
@@ -120,7 +120,7 @@ def _vela(runs: list[Any], pte: bytes) -> dict[str, Any]:
     kept = [r if isinstance(r, dict) else {"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                                            "operators": vela_operator_counts(r.log)} for r in runs]
     info = inspect_pte(pte)
-    return vela_report(kept, 0) | {"program_cpu_ops": len(info.operators), "delegates": len(info.delegate_ids)}
+    return vela_report(kept) | {"program_cpu_ops": len(info.operators), "delegates": len(info.delegate_ids)}
 
 
 def _sqnr(eager: list[torch.Tensor], got: list[torch.Tensor]) -> float:
@@ -146,17 +146,21 @@ def _row(model: str, target: str, flow: str, vela: dict[str, Any], tosa: Tosa, v
 
 
 def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, calib: list[tuple],
-              tests: list[tuple], eager: list[torch.Tensor]) -> Row:
+              tests: list[tuple], eager: list[torch.Tensor], codec_quantizer: bool = False) -> Row:
+    """Arm's documented Ethos-U flow; `codec_quantizer`: with `CodecQuantizer` swapped in."""
     from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from codec_tosa import arm_adapter
+    from codec_tosa import CodecQuantizer, CodecSpec, arm_adapter
 
     spec = arm_adapter.ethos_u_compile_spec(target)
     t = time.perf_counter()
-    quantizer = EthosUQuantizer(spec)
-    quantizer.set_global(get_symmetric_quantization_config())
+    if codec_quantizer:
+        quantizer = CodecQuantizer(CodecSpec(policy="I", target=target))
+    else:
+        quantizer = EthosUQuantizer(spec)
+        quantizer.set_global(get_symmetric_quantization_config())
     with torch.no_grad():
         prepared = prepare_pt2e(torch.export.export(module, inputs).module(check_guards=False), quantizer)
         for c in calib:
@@ -171,29 +175,28 @@ def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, c
     lowering = time.perf_counter() - t
     with torch.no_grad():
         got = [_first(converted(*x)) for x in tests]
-    return _row(model, target, "stock", vela, tosa, vela["cpu_ops"], lowering, _sqnr(eager, got))
+    return _row(model, target, "ours (Arm's flow)" if codec_quantizer else "stock", vela, tosa, vela["cpu_ops"],
+                lowering, _sqnr(eager, got))
 
 
 def run_ours(model: str, target: str, module: torch.nn.Module, inputs: tuple, calib: list[tuple],
-             tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None,
-             accumulator_outputs: bool | None = None) -> Row:
+             tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None) -> Row:
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
     t = time.perf_counter()
-    spec = CodecSpec(policy="I", target=target, placement=placement, accumulator_outputs=accumulator_outputs)
+    spec = CodecSpec(policy="I", target=target, placement=placement)
     low = lower_program(torch.export.export(module, inputs), spec, calib)
     lowering = time.perf_counter() - t
     vela = low.report["vela"]
     info = inspect_pte(low.pte)
     vela = vela | {"delegates": len(info.delegate_ids), "program_cpu_ops": len(info.operators)}
     got = [_first(simulate(low.planned, x)) for x in tests]
-    options = ([placement] if placement else []) + (["int8 outputs"] if accumulator_outputs is False else [])
-    flow = f"ours (I, {', '.join(options)})" if options else "ours (I)"
-    return _row(model, target, flow, vela, _tosa(list(low.files.values())),
-                vela["cpu_ops"] - len(info.operators), lowering, _sqnr(eager, got))
+    flow = f"ours (I, {placement})" if placement else "ours (I)"
+    return _row(model, target, flow, vela, _tosa(list(low.files.values())), vela["cpu_ops"], lowering,
+                _sqnr(eager, got))
 
 
 def load(model: str, unet_size: int) -> tuple[torch.nn.Module, tuple]:
@@ -233,8 +236,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--placements", nargs="+", default=[None], type=lambda s: None if s == "default" else s,
                    help="our placements, one row each (default: the spec's default at policy I, "
                         "nonlocal+share)")
-    p.add_argument("--int8-outputs", action="store_true",
-                   help="also one row per placement with --int8-outputs (the output requantised to INT8)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--tosa-dir", type=Path, help="also write each row's TOSA here, for running Vela "
                    "with --verbose-performance on it (per-layer cycles)")
@@ -253,11 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             eager = [_first(module(*x)) for x in tests]
         for target in args.targets:
             # (file tag, run): ours once per placement asked for
-            wide = [None, False] if args.int8_outputs else [None]
-            runs = [("stock", run_stock)] + [
-                ((f"ours_{pl}" if pl else "ours") + ("_int8_outputs" if acc is False else ""),
-                 functools.partial(run_ours, placement=pl, accumulator_outputs=acc))
-                for pl in args.placements for acc in wide]
+            runs = [("stock", run_stock), ("ours_arm_flow", functools.partial(run_stock, codec_quantizer=True))]
+            runs += [((f"ours_{pl}" if pl else "ours"), functools.partial(run_ours, placement=pl))
+                     for pl in args.placements]
             for tag, run in runs:
                 rows.append(run(model, target, module, inputs, calib, tests, eager))
                 print(f"[{model} {target} {rows[-1].flow}] {rows[-1].cycles} cycles", file=sys.stderr, flush=True)

@@ -10,16 +10,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "backends" / "codec_tosa"
 
 # bottom first; modules on one floor may import each other (docs/DESIGN.md lists them)
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("units", "graph", "ops", "rescale", "progress"),
+    ("units", "graph", "ops", "rescale", "progress", "vgf"),
     ("commutation", "codecs"),
     ("placement",),
-    ("traffic", "calibration", "plan_meta", "provenance", "spec"),
+    ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec"),
     ("_passes",),
     ("analysis", "accounting", "serialization", "arm_adapter"),
     ("backend",),
-    ("planning", "partitioner", "simulation", "rounding_ambiguity"),
+    ("planning", "partitioner", "quantizer", "simulation", "rounding_ambiguity"),
     ("runtime",),
-    ("vgf",),
     ("tools",),
     ("__init__",),
 )

@@ -1,9 +1,12 @@
 """codec_tosa: non-local codec placement for ExecuTorch TOSA delegates.
 
 Public API: `analyze`, `CommutationTable`, `PolicyOrder`, `Row`, `CodecSpec`,
-`CodecTosaPartitioner`, `CodecTosaBackend`. The ExecuTorch-facing names are
-imported on first use, so that `import codec_tosa` does not load executorch's
-Arm backend (analysing a program still loads the parts of executorch it uses).
+`CodecTosaPartitioner` (mixed policies), `CodecQuantizer` (the plan as a PT2E
+quantizer, for integer targets), `CodecTosaBackend`, and `save` (a lowered
+program with what `codec-tosa validate` needs). The ExecuTorch-facing names
+are imported on first use, so that `import codec_tosa` does not load
+executorch's Arm backend (analysing a program still loads the parts of
+executorch it uses).
 """
 
 from typing import Any
@@ -22,7 +25,9 @@ from codec_tosa.placement import PLACEMENTS
 _LAZY = {
     "CodecSpec": "codec_tosa.spec",
     "CodecTosaPartitioner": "codec_tosa.partitioner",
+    "CodecQuantizer": "codec_tosa.quantizer",
     "CodecTosaBackend": "codec_tosa.backend",
+    "save": "codec_tosa.tools.save",
 }
 
 __all__ = ["Analysis", "analyze", "CommutationTable", "PolicyOrder", "Row", "PLACEMENTS", *_LAZY]

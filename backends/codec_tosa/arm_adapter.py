@@ -230,26 +230,6 @@ def _const_shape_dedup_after_arm_passes(serializer: Any) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def identity_rescales_removed() -> Iterator[None]:
-    """Drop Arm's identity int32 RESCALEs after its backend pass pipeline
-    (`_passes/remove_identity_rescales`): the ones after an accumulator output."""
-    from executorch.backends.arm._passes import ArmPassManager
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    from codec_tosa._passes.remove_identity_rescales import remove_identity_rescales
-
-    pipeline = ArmPassManager.transform_to_backend_pipeline
-
-    def pipeline_then_remove(self: Any, *args: Any, **kwargs: Any) -> Any:
-        graph_module = pipeline(self, *args, **kwargs)
-        remove_identity_rescales(graph_module, exir_ops.backend.tosa.RESCALE.default)
-        return graph_module
-
-    with _patched(ArmPassManager, "transform_to_backend_pipeline", pipeline_then_remove):
-        yield
-
-
 def codec_ops() -> "CodecOps":
     """The operator targets `LowerCodecsPass` reads and writes, as Arm 1.5.1 lowers them.
 
@@ -406,6 +386,23 @@ def stock_partitioner(compile_spec: TosaCompileSpec, **kwargs: Any):
 
 
 ETHOS_U_BACKEND_ID = "EthosUBackend"
+TOSA_BACKEND_ID = "TOSABackend"  # Arm's stock TOSA delegate: a TOSA flatbuffer, as ours
+
+
+def arm_quantizer(tosa_spec: str, ethos_u_target: str | None = None) -> Any:
+    """Arm's stock PT2E quantizer for the target, with its symmetric INT8 config
+    everywhere: `CodecQuantizer` asks it which operators Arm's INT flow takes."""
+    from executorch.backends.arm.quantizer import (
+        EthosUQuantizer,
+        TOSAQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    quantizer = (EthosUQuantizer(ethos_u_compile_spec(ethos_u_target)) if ethos_u_target
+                 else TOSAQuantizer(tosa_compile_spec(tosa_spec)))
+    quantizer.set_global(get_symmetric_quantization_config())
+    return quantizer
+
 
 
 def ethos_u_compile_spec(target: str) -> Any:
@@ -559,38 +556,52 @@ def vgf_compile_spec_entries(tosa_spec: str) -> list[CompileSpec]:
     return list(VgfCompileSpec(tosa_spec)._to_list())
 
 
-@contextmanager
-def tosa_lowering_inside_vgf(
-    lower: Callable[[ExportedProgram, TosaCompileSpec], bytes],
-    model_converter: str | None = None,
-) -> Iterator[None]:
-    """While active, Arm's VgfBackend converts the TOSA that `lower` makes.
+def install_vgf_tosa_lowering(lower: Callable[[ExportedProgram, TosaCompileSpec], bytes],
+                              model_converter: str | None = None) -> None:
+    """From now on, Arm's VgfBackend converts the TOSA that `lower` makes of a
+    partition that carries a codec plan (`plan_meta`); any other partition, stock
+    Arm's own, is lowered by Arm's TOSABackend as before.
 
     `lower(edge_program, tosa_compile_spec)` replaces `TOSABackend._preprocess`
     as VgfBackend sees it: VgfBackend reaches TOSABackend through its module's
-    global name, which is what is swapped, so stock TOSABackend lowerings
-    elsewhere (and `lower_into`, which calls `_preprocess_module` directly)
-    are unaffected. VgfBackend also uses `filter_tosa_compile_specs` (kept);
+    global name, which is what is swapped (once per process; later calls only
+    update `lower`). VgfBackend also uses `filter_tosa_compile_specs` (kept);
     any other attribute it starts using after an upgrade fails loudly here.
 
-    `model_converter` is exported as MODEL_CONVERTER_PATH for the duration
-    when Arm's lookup (that variable, then PATH) would not find one, e.g. when
-    the venv's python runs without the venv's bin/ on PATH.
+    `model_converter` is exported as MODEL_CONVERTER_PATH when Arm's lookup (that
+    variable, then PATH) would not find one, e.g. when the venv's python runs
+    without the venv's bin/ on PATH.
     """
+    import os
+
     from executorch.backends.arm.vgf import backend as vgf_backend
+    from executorch.backends.arm.vgf.model_converter import find_model_converter_binary
     from executorch.exir.backend.backend_details import PreprocessResult
 
+    from codec_tosa.plan_meta import has_plan
+
+    _VGF_LOWERING["lower"] = lower
+    if model_converter is not None and find_model_converter_binary() is None:
+        os.environ["MODEL_CONVERTER_PATH"] = str(model_converter)
+    if getattr(vgf_backend.TOSABackend, "codec_tosa_dispatch", False):
+        return
+
     def preprocess(edge_program: ExportedProgram, compile_spec: TosaCompileSpec) -> PreprocessResult:
-        return PreprocessResult(processed_bytes=lower(edge_program, compile_spec))
+        if has_plan(edge_program.graph_module):
+            return PreprocessResult(processed_bytes=_VGF_LOWERING["lower"](edge_program, compile_spec))
+        return TOSABackend._preprocess(edge_program, compile_spec)
 
     class TosaStep:
         """What VgfBackend.preprocess uses of TOSABackend in executorch 1.5.1."""
 
+        codec_tosa_dispatch = True
         filter_tosa_compile_specs = staticmethod(TOSABackend.filter_tosa_compile_specs)
         _preprocess = staticmethod(preprocess)
 
-    with _patched(vgf_backend, "TOSABackend", TosaStep), _model_converter_found(model_converter):
-        yield
+    vgf_backend.TOSABackend = TosaStep
+
+
+_VGF_LOWERING: dict[str, Callable[[ExportedProgram, TosaCompileSpec], bytes]] = {}
 
 
 @contextmanager
@@ -667,3 +678,51 @@ def vgf_conversions_kept(model_converter: str | None = None) -> Iterator[list[Vg
 
     with _patched(vgf_backend, "vgf_compile", kept), _model_converter_found(model_converter):
         yield runs
+
+
+# --- the TOSA behind a VGF or Ethos-U payload ------------------------------------
+# Arm's VgfBackend and EthosUBackend keep only what they compiled the TOSA into,
+# but checking such a delegate on the TOSA reference model needs the TOSA itself
+# (codec_tosa.save writes it beside the .pte as model.tosa). Both hand it to a
+# module global of theirs (`vgf_compile`, `vela_compile`) looked up at call time,
+# so a wrapper sees the TOSA and the payload made of it without changing either.
+
+_JOURNAL: "dict[str, bytes]" = {}  # sha256 of a payload -> the TOSA it was compiled from
+_JOURNAL_SIZE = 64  # the most recent payloads of the process
+
+
+def install_payload_journal() -> None:
+    """From now on, remember the TOSA behind each VGF and Ethos-U payload this
+    process makes (idempotent; `CodecTosaPartitioner` and `CodecQuantizer` call it)."""
+    from executorch.backends.arm.ethosu import backend as ethosu_backend
+    from executorch.backends.arm.vgf import backend as vgf_backend
+
+    for module, name in ((ethosu_backend, "vela_compile"), (vgf_backend, "vgf_compile")):
+        compile_fn = getattr(module, name)
+        if getattr(compile_fn, "codec_tosa_journal", False):
+            continue
+
+        def journaled(tosa_flatbuffer: bytes, *args: Any, _compile: Any = compile_fn, **kwargs: Any) -> Any:
+            result = _compile(tosa_flatbuffer, *args, **kwargs)
+            # Vela returns a VelaCompileResult whose processed_bytes are the payload
+            payload = getattr(result, "processed_bytes", result)
+            _remember(bytes(payload), bytes(tosa_flatbuffer))
+            return result
+
+        journaled.codec_tosa_journal = True  # type: ignore[attr-defined]
+        setattr(module, name, journaled)
+
+
+def _remember(payload: bytes, tosa: bytes) -> None:
+    import hashlib
+
+    _JOURNAL[hashlib.sha256(payload).hexdigest()] = tosa
+    while len(_JOURNAL) > _JOURNAL_SIZE:
+        _JOURNAL.pop(next(iter(_JOURNAL)))
+
+
+def tosa_of_payload(payload: bytes) -> bytes | None:
+    """The TOSA a VGF or Ethos-U payload of this process was compiled from, if journaled."""
+    import hashlib
+
+    return _JOURNAL.get(hashlib.sha256(bytes(payload)).hexdigest())

@@ -78,7 +78,7 @@ MINMAX = "minmax"
 HISTOGRAM = "histogram"
 OBSERVERS = (MINMAX, HISTOGRAM)
 # Arm's get_symmetric_quantization_config: the smallest scale its observers give
-_HISTOGRAM_EPS = 2.0 ** -16
+HISTOGRAM_EPS = 2.0 ** -16
 
 
 class _RangeObserver(torch.fx.Interpreter):
@@ -98,7 +98,7 @@ class _RangeObserver(torch.fx.Interpreter):
             for d in {d for ds in watch.values() for d in ds}:
                 self.histograms[d] = HistogramObserver(
                     dtype=torch.int8, quant_min=QMIN, quant_max=QMAX, qscheme=torch.per_tensor_affine,
-                    eps=_HISTOGRAM_EPS)
+                    eps=HISTOGRAM_EPS)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
@@ -136,8 +136,7 @@ def learn_thetas(
     if not plan.domains:
         return {}
     check_calibration(ep, calibration)
-    # an accumulator output's scales are s_in * s_w[c], fixed by the weight's encoding
-    learned = [d for d in plan.domains if not d.accumulator]
+    learned = plan.domains
     where: dict[int, list[str]] = {}
     for d in learned:
         names = []

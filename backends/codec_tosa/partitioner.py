@@ -12,30 +12,29 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
-from codec_tosa._passes.decompose_softmax import decompose_softmax
-from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
-from codec_tosa.backend import BACKEND_ID
+from codec_tosa.backend import BACKEND_ID, lower_to_tosa
 from codec_tosa.calibration import random_calibration
-from codec_tosa.graph import has_empty_tensor
+from codec_tosa.graph import has_empty_tensor, target_key
 from codec_tosa.planning import PlannedProgram, plan_program
 from codec_tosa.provenance import option_specs, provenance_specs
-from codec_tosa.spec import INT_FP, CodecSpec
-
-
-# Operators Arm keeps whole that an integer lowering needs decomposed. silu: Arm's
-# INT+FP support (which plans) rejects a whole silu, so the plan does not mark it
-# quantized and Arm's Ethos-U partitioner leaves it on the CPU; decomposed it is
-# sigmoid (a TABLE) times x, both integer rows. pad: the table encodes its
-# decomposition (constant_pad_nd), not aten.pad. Either left on the CPU has no
-# portable kernel (aten::silu.out, aten::pad.out).
-_DECOMPOSED_WHEN_INTEGER = frozenset({torch.ops.aten.silu.default, torch.ops.aten.pad.default})
+from codec_tosa.spec import CodecSpec
 
 
 class CodecTosaPartitioner(Partitioner):
     """Use like Arm's TOSAPartitioner: ``to_edge_transform_and_lower(ep, partitioner=[...])``.
 
-    `calibration` is a list of input tuples; without it, seeded random inputs
-    shaped like the program's inputs are used (with a warning).
+    At a mixed policy (Z, Y, X, W, V) it plans the codecs (placement and
+    calibration) and delegates to `CodecTosaBackend` (`target="tosa"`) or to
+    Arm's `VgfBackend` (`target="vgf"`, our TOSA lowering inside Arm's VGF
+    conversion). `calibration` is a list of input tuples; without it, seeded
+    random inputs shaped like the program's inputs are used (with a warning).
+
+    An integer-only spec (policy I, an Ethos-U target) is served on a program
+    that `CodecQuantizer` quantized (PT2E: prepare, calibrate, convert, export):
+    Arm's INT partitioner for the target tags it, and the delegate is
+    `CodecTosaBackend` (constant pooling) or Arm's `EthosUBackend` (Vela).
+    Given an unquantized program it refuses in one line, naming the recipe:
+    nothing may come out without the delegate the spec asks for.
     """
 
     def __init__(self, spec: CodecSpec | None = None,
@@ -45,17 +44,29 @@ class CodecTosaPartitioner(Partitioner):
         # (tuple() would split it into slices and report a shape instead)
         self.calibration = ([c if isinstance(c, torch.Tensor) else tuple(c) for c in calibration]
                             if calibration is not None else None)
-        self.arm_spec = arm_adapter.tosa_compile_spec(self.codec_spec.tosa_spec)
-        # An integer-only spec plans here and delegates in a second step
-        # (`IntegerPartitioner`): Arm's INT operator support takes only a graph
-        # that is already quantized, so planning asks which operators Arm can
-        # lower once quantized, i.e. its INT+FP support.
-        support_spec = (arm_adapter.tosa_compile_spec(INT_FP) if self.codec_spec.integer_only
-                        else self.arm_spec)
-        self._arm = arm_adapter.stock_partitioner(support_spec, additional_checks=[_NoEmptyTensors()])
-        self.delegation_spec = DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(self.arm_spec))
+        checks = [_NoEmptyTensors()]
+        spec_ = self.codec_spec
+        if spec_.ethos_u:
+            arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
+            self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
+            self.delegation_spec = DelegationSpec(arm_adapter.ETHOS_U_BACKEND_ID,
+                                                  arm_adapter.arm_compile_spec_entries(arm_spec))
+        else:
+            arm_spec = arm_adapter.tosa_compile_spec(spec_.tosa_spec)
+            self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=checks)
+            if spec_.target == "vgf":
+                # ExecuTorch lowers a VgfBackend delegate with Arm's VgfBackend, whose
+                # TOSA step then runs ours for a program that carries our plan
+                arm_adapter.install_vgf_tosa_lowering(_lower_planned_tosa, str(_model_converter()))
+                self.delegation_spec = DelegationSpec(arm_adapter.VGF_BACKEND_ID,
+                                                      arm_adapter.vgf_compile_spec_entries(spec_.tosa_spec))
+            else:
+                self.delegation_spec = DelegationSpec(
+                    BACKEND_ID, arm_adapter.arm_compile_spec_entries(arm_spec) + option_specs(spec_))
+        arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind a VGF/Ethos-U payload
         self._real_state: dict[str, torch.Tensor] = {}
-        # what `partition` planned (the compiler and the simulation read it)
+        # what `partition` planned (the compiler and the simulation read it); None at
+        # an integer-only spec, whose plan is CodecQuantizer's
         self.planned: PlannedProgram | None = None
 
     # Arm's hooks, so that to_edge_transform_and_lower prepares the graph as for Arm.
@@ -63,15 +74,15 @@ class CodecTosaPartitioner(Partitioner):
     # `partition` a program whose state dict is FakeTensors, so we keep the real
     # tensors (by their fully qualified names) for calibration.
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        if self.codec_spec.integer_only:
+            _require_quantized(exported_program, self.codec_spec)
+            return self._arm.transform_for_pre_decomposition(exported_program)
         out = self._arm.transform_for_pre_decomposition(exported_program)
         if not self.codec_spec.reference:
             # conv+BN must be one compressible operator for the plan (as the
             # analysis folds it); the reference policy has no plan, so Arm
             # lowers its batch norms itself and the bytes are stock
             fold_batch_norms(out)
-        if self.codec_spec.integer_only:
-            spatial_means_to_avg_pool(out)  # Arm's INT8 mean.dim needs it (the pass says why)
-            decompose_softmax(out)  # as Arm's INT8 flow, so that each piece is integer
         self._real_state.update(out.state_dict)
         return out
 
@@ -79,25 +90,11 @@ class CodecTosaPartitioner(Partitioner):
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
         self._real_state.update(ep.state_dict)
-        ops, arm_keeps = self._arm.ops_to_not_decompose(ep)
-        if not self.codec_spec.integer_only:
-            return ops, arm_keeps
-        # Arm keeps an activation such as hardswish whole (one INT8 TABLE) only when
-        # q/dq nodes already surround it; here they are written after planning, so
-        # keep whole what the plan encodes (decomposed, hardswish's division by 6
-        # stays FP32 on the CPU and splits the delegate)
-        table, policy = self.codec_spec.commutation_table, self.codec_spec.policy
-        encoded = {op for op in ops if (row := table.lookup(str(op))) is not None and row.encoded
-                   and table.order.selects(policy, row.policy) and op not in _DECOMPOSED_WHEN_INTEGER}
-
-        def keeps(node: torch.fx.Node) -> bool:
-            if node.target in _DECOMPOSED_WHEN_INTEGER:
-                return False
-            return node.target in encoded or (arm_keeps is not None and arm_keeps(node))
-
-        return ops, keeps
+        return self._arm.ops_to_not_decompose(ep)
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        if self.codec_spec.integer_only:
+            return self._partition_quantized(exported_program)
         progress.stage(progress.PLACEMENT)
         arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
         ep = arm_result.tagged_exported_program
@@ -105,15 +102,23 @@ class CodecTosaPartitioner(Partitioner):
         # operators left on the CPU run FP32, so partition boundaries are plain
         delegated = {n.name for n in ep.graph.nodes if "delegation_tag" in n.meta}
         self.planned = plan_program(ep, self.codec_spec, self._calibration(ep), self._real_state, delegated)
-        if self.codec_spec.integer_only:
-            # a partitioner may not change the graph (ExecuTorch checks), and
-            # the codecs must be in it before Arm's INT partitioner runs
-            return PartitionResult(tagged_exported_program=ep, partition_tags={})
-        specs = (list(self.delegation_spec.compile_specs) + option_specs(self.codec_spec)
+        specs = (list(self.delegation_spec.compile_specs)
                  + provenance_specs(self.codec_spec, self.planned.to_json()))
-        delegation = DelegationSpec(BACKEND_ID, specs)
+        delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
         tags = {tag: delegation for tag in arm_result.partition_tags}
         return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+    def _partition_quantized(self, exported_program: ExportedProgram) -> PartitionResult:
+        """A CodecQuantizer program: Arm's INT partitioner for the target tags it
+        (the plan is in its q/dq nodes; the graph input's encode and the output's
+        decode stay on the CPU, as in Arm's flow)."""
+        progress.stage(progress.PLACEMENT)
+        arm_result = self._arm.partition(exported_program)
+        specs = list(self.delegation_spec.compile_specs) + provenance_specs(self.codec_spec, {})
+        delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
+        tags = {tag: delegation for tag in arm_result.partition_tags}
+        return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,
+                               partition_tags=tags)
 
     def _calibration(self, ep: ExportedProgram) -> list[tuple[torch.Tensor, ...]]:
         if self.calibration is not None:
@@ -125,43 +130,34 @@ class CodecTosaPartitioner(Partitioner):
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
 
 
-class IntegerPartitioner(Partitioner):
-    """The second step of an integer-only lowering (docs/DESIGN.md, "Integer targets").
+INTEGER_RECIPE = ("quantize it with codec_tosa.CodecQuantizer first (prepare_pt2e, calibrate, convert_pt2e, "
+                  "torch.export.export), then lower it with this partitioner or Arm's stock one "
+                  "(README, \"Integer targets\")")
 
-    It runs on `planned.materialized()`, the edge program with the plan written
-    as PT2E q/dq nodes, which is what Arm's INT flow sees after `convert_pt2e`.
-    Arm's stock partitioner for the spec (TOSA-1.0+INT, or Ethos-U for a
-    `target`) tags what it can lower; the graph's input encodes and output
-    decodes stay on the CPU as quantize/dequantize kernels, as in Arm's flow.
-    The delegate is CodecTosaBackend for TOSA, Arm's EthosUBackend (Vela) for
-    an Ethos-U target; either way the plan's provenance travels with it.
-    """
 
-    def __init__(self, planned: PlannedProgram) -> None:
-        spec = planned.spec
-        provenance = provenance_specs(spec, planned.to_json())
-        if spec.ethos_u:
-            arm_spec = arm_adapter.ethos_u_compile_spec(spec.target)
-            self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=[_NoEmptyTensors()])
-            backend_id = arm_adapter.ETHOS_U_BACKEND_ID
-            specs = arm_adapter.arm_compile_spec_entries(arm_spec) + provenance
-        else:
-            arm_spec = arm_adapter.tosa_compile_spec(spec.tosa_spec)
-            self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=[_NoEmptyTensors()])
-            backend_id = BACKEND_ID
-            specs = arm_adapter.arm_compile_spec_entries(arm_spec) + option_specs(spec) + provenance
-        self.delegation_spec = DelegationSpec(backend_id, specs)
+class NotQuantizedError(ValueError):
+    """An integer-only spec was given a program with no quantize/dequantize nodes."""
 
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        # the planning step's partition (Arm's INT+FP support) tagged these nodes
-        # too, and Arm's partitioner only adds tags: a stale one would put an FP32
-        # operator (an unfolded batch norm) into the integer delegate
-        for node in exported_program.graph.nodes:
-            node.meta.pop("delegation_tag", None)
-        arm_result = self._arm.partition(exported_program)
-        tags = {tag: self.delegation_spec for tag in arm_result.partition_tags}
-        return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,
-                               partition_tags=tags)
+
+def _require_quantized(ep: ExportedProgram, spec: CodecSpec) -> None:
+    if any(n.op == "call_function" and target_key(n.target).startswith("quantized_decomposed.")
+           for n in ep.graph.nodes):
+        return
+    where = f"target {spec.target}" if spec.ethos_u else spec.tosa_spec
+    raise NotQuantizedError(f"CodecTosaPartitioner: policy {spec.policy} ({where}) delegates integer "
+                            f"operators only and the program is not quantized: {INTEGER_RECIPE}")
+
+
+def _lower_planned_tosa(edge_program: ExportedProgram, arm_spec: Any) -> bytes:
+    """Our TOSA lowering for a VgfBackend delegate (pooling on, as CodecTosaBackend's default)."""
+    payload, _ = lower_to_tosa(edge_program, arm_spec, pool_constants=True)
+    return payload
+
+
+def _model_converter() -> Any:
+    from codec_tosa.vgf.tools import model_converter
+
+    return model_converter()
 
 
 class _NoEmptyTensors(OperatorSupportBase):
@@ -192,4 +188,4 @@ def _lifted_constants(ep: ExportedProgram) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["CodecTosaPartitioner", "IntegerPartitioner"]
+__all__ = ["CodecTosaPartitioner", "INTEGER_RECIPE", "NotQuantizedError"]

@@ -28,14 +28,11 @@ KEY = "codec_tosa"
 
 @dataclass(frozen=True)
 class PortCodec:
-    """An encoded port: its domain and theta, or an offline-encoded weight, or an
-    output handed over as the operator's int32 accumulator (no theta: its scales
-    are s_in * s_w[c], known once the weight is encoded)."""
+    """An encoded port: its domain and theta, or an offline-encoded weight."""
 
     domain: int = -1
     theta: Theta | None = None
     weight: bool = False
-    accumulator: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,6 @@ def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[i
 
 def _out_codec(plan: Plan, thetas: dict[int, Theta], v: int) -> PortCodec:
     d = plan.value_domain[v]
-    if plan.domains[d].accumulator:
-        return PortCodec(d, accumulator=True)
     return PortCodec(d, thetas[d])
 
 

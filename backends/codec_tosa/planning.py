@@ -34,12 +34,16 @@ class PlannedProgram:
     graph: PortGraph  # the port view the plan refers to
     placement: Placement
     thetas: dict[int, Theta]
-    program: ExportedProgram  # the planned edge program with real weights, plan on node meta
+    # the planned edge program with real weights, plan on node meta; None when the plan
+    # was written as PT2E annotations (`CodecQuantizer`), whose converted program is
+    # the materialised one
+    program: ExportedProgram | None
     _materialized: ExportedProgram | None = field(default=None, repr=False)
 
     def materialized(self) -> ExportedProgram:
         """The program with the plan's codecs inserted (computed once, then shared)."""
         if self._materialized is None:
+            assert self.program is not None
             from codec_tosa._passes.materialize_codecs import materialize
 
             self._materialized = materialize(real_copy(self.program, {}))
@@ -51,26 +55,16 @@ class PlannedProgram:
                        self.spec.fused_transcode, per_op=False)
 
     def output_steps(self, fallback: Sequence[float]) -> list[float]:
-        """One quantisation step of each program output: the (largest) scale of the
-        decode the materialised program ends it with (an INT8 domain's, or an int32
-        accumulator's per channel, `placement/accumulators.py`), else `fallback`
-        (the caller's estimate for an FP32 output)."""
-        from executorch.backends.transforms.utils import get_param_tensor
+        """One quantisation step of each program output: the scale of the decode the
+        materialised program ends it with, else `fallback` (the caller's estimate
+        for an FP32 output)."""
+        from codec_tosa._passes.materialize_codecs import DQ_TENSOR
 
-        from codec_tosa._passes.materialize_codecs import DQ_CHANNEL, DQ_TENSOR
-
-        program = self.materialized()
         steps = list(fallback)
-        returned = program.graph_module.graph.output_node().args[0]
+        returned = self.materialized().graph_module.graph.output_node().args[0]
         for k, node in enumerate(list(returned)[:len(steps)]):
-            if not isinstance(node, torch.fx.Node):
-                continue
-            if node.target == DQ_TENSOR:
+            if isinstance(node, torch.fx.Node) and node.target == DQ_TENSOR:
                 steps[k] = max(steps[k], float(node.args[1]))
-            elif node.target == DQ_CHANNEL:
-                scales = get_param_tensor(program, node.args[1])
-                if scales is not None:
-                    steps[k] = max(steps[k], float(scales.max()))
         return steps
 
     def to_json(self) -> dict[str, Any]:
@@ -80,7 +74,6 @@ class PlannedProgram:
             "domains": [
                 {"id": d.id, "dominator": d.dominator,
                  **({"shared_with": [label for label, _ in d.shared]} if d.shared else {}),
-                 **({"accumulator": True} if d.accumulator else {}),
                  **({"scale": self.thetas[d.id].scale, "zero_point": self.thetas[d.id].zero_point}
                     if d.id in self.thetas else {})}
                 for d in plan.domains
@@ -101,8 +94,7 @@ def plan_program(ep: ExportedProgram, spec: CodecSpec, calibration: Sequence[Seq
     table = spec.commutation_table
     plain_ops = [op for op in range(graph.num_ops) if _stays_fp32(graph, op, table, delegated)]
     placement = place(graph, table, spec.policy, spec.placement,
-                      fused_transcode=spec.fused_transcode, plain_ops=plain_ops,
-                      accumulator_outputs=spec.accumulator_outputs)
+                      fused_transcode=spec.fused_transcode, plain_ops=plain_ops)
     thetas = (learn_thetas(ep, graph, placement.plan, calibration, codec=spec.activation_codec,
                            real_state=real_state, observer=spec.observer)
               if placement.plan.domains else {})

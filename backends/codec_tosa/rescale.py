@@ -73,4 +73,21 @@ def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output
     return torch.clamp(scaled + int(output_zp), info.min, info.max).to(out_dtype)
 
 
-__all__ = ["multiplier_and_shift", "rescale"]
+def average(sums: torch.Tensor, counts: torch.Tensor, output_zp: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """TOSA's integer AVG_POOL2D division: each window's sum of ``code - input_zp``
+    times the reciprocal of its count of in-bounds elements, as the spec's
+    ``reciprocal_scale`` gives it (``k = ceil(log2(count))``, multiplier
+    ``((2**30 + 1) << k) // count``, shift ``30 + k``), rounded half up by
+    ``apply_scale_32``, plus the output zero point, saturated."""
+    counts = counts.to(torch.int64)
+    k = torch.ceil(torch.log2(counts.to(torch.float64))).to(torch.int64)  # exact: counts are small
+    multiplier = torch.div(((1 << 30) + 1) << k, counts, rounding_mode="floor")
+    shift = 30 + k
+    v = sums.to(torch.int64)
+    scaled = torch.bitwise_right_shift(v * multiplier + torch.bitwise_left_shift(torch.ones_like(shift), shift - 1),
+                                       shift)
+    info = torch.iinfo(out_dtype)
+    return torch.clamp(scaled + int(output_zp), info.min, info.max).to(out_dtype)
+
+
+__all__ = ["average", "multiplier_and_shift", "rescale"]

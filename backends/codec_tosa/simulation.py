@@ -13,8 +13,7 @@ bit instead of drifting by a few quantisation steps on deep models
   exactly (float64 of integers below 2**53, then rounded), plus the int32
   bias codes, then RESCALEd to the output codes with the per-channel scale
   ``(s_x * s_w[c]) / s_out`` in the order Arm's RewriteConvPass and
-  RewriteMatmulPass compute it (an int32 quantize is an accumulator output,
-  whose weight is read at scale 1: the RESCALE is the identity);
+  RewriteMatmulPass compute it;
 * a ``dequantize(theta_s) -> quantize(theta_d)`` pair (a transcode) is one
   int8 -> int8 RESCALE with scale ``s_s / s_d``, as Arm's InsertRescalePass
   builds it;
@@ -48,6 +47,7 @@ simulation (docs/DESIGN.md, "Validation").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -56,9 +56,9 @@ import torch
 import torch.fx
 from codec_tosa.calibration import lifted_args
 from codec_tosa.graph import target_key
-from codec_tosa.plan_meta import KEY as PLAN_KEY
+from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
 from codec_tosa.planning import PlannedProgram
-from codec_tosa.rescale import rescale
+from codec_tosa.rescale import average, rescale
 from codec_tosa.rounding_ambiguity import AmbiguousCode, ambiguous_codes, error_bound
 
 _Q = "quantized_decomposed.quantize_per_tensor.default"
@@ -75,9 +75,11 @@ _INT32_ARITHMETIC = (_ADD, _SUB, _MUL, _SUM)
 # an add's or sub's operands are shifted 20 bits left at twice the larger scale
 _ADD_SHIFT_BITS = 20
 _MEANS = ("aten.mean.dim", "aten.mean.default")
+_RELU = "aten.relu.default"
+_FUSED_ACTIVATIONS = (_RELU, "aten.hardtanh.default")
 _LAYER_NORM = "aten.native_layer_norm.default"
+_AVG_POOL = "aten.avg_pool2d.default"
 _INT8 = torch.int8
-_INT32 = torch.int32
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class _Accumulator:
     in_scale: float
     weight_scales: tuple[float, ...]
     channel_axis: int
+    # a relu or relu6 Arm folds into the output RESCALE (FuseQuantizedActivationPass):
+    # the RESCALE saturates at the output zero point instead of the code minimum
+    floored: bool = False
 
 
 @dataclass
@@ -134,6 +139,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.fp32_delegated = fp32_delegated
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
+        self.pooled: dict[torch.fx.Node, torch.Tensor] = {}  # INT8 AVG_POOL2D results (codes)
         self.stats = SimulationStats()
         # bound on |artefact - eager| of each FP32 value (absent: computed alike)
         self.bounds: dict[torch.fx.Node, float] = {}
@@ -159,6 +165,16 @@ class IntegerSimulator(torch.fx.Interpreter):
                 shape = [(s, 0.0) for s in n.args[1]]
                 self.bounds[n] = error_bound(key, ln, [(self.env[n.args[0]], 0.0), *shape])
                 return ln
+        elif key in _FUSED_ACTIVATIONS and n.args and n.args[0] in self.accumulators:
+            # only a compute operator's fused activation reads an accumulator (checked there)
+            acc = self.accumulators.pop(n.args[0])
+            self.accumulators[n] = dataclasses.replace(acc, floored=True)
+            return acc.values
+        elif key == _AVG_POOL:
+            pooled = self._avg_pool_on_codes(n)
+            if pooled is not None:
+                self.pooled[n] = pooled
+                return pooled.to(torch.float32)  # only the quantize below reads it (checked)
         elif key in _INTEGER_COMPUTE:
             acc = self._accumulate(n, key)
             if acc is not None:
@@ -200,16 +216,16 @@ class IntegerSimulator(torch.fx.Interpreter):
         """The RESCALE Arm emits for this quantize, or None when it is an encode."""
         src = n.args[0]
         _, scale, zp, _, _, dtype = _args(n, self)
-        if dtype not in (_INT8, _INT32) or not isinstance(src, torch.fx.Node):
+        if dtype != _INT8 or not isinstance(src, torch.fx.Node):
             return None
+        if src in self.pooled:
+            return self.pooled.pop(src)
         if src in self.accumulators:
             acc = self.accumulators.pop(src)
-            # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double);
-            # an int32 output (weight read at scale 1, output at s_in) is the accumulator itself
+            # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double)
             scales = [(acc.in_scale * w) / float(scale) for w in acc.weight_scales]
-            return rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis)
-        if dtype != _INT8:
-            return None
+            codes = rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis)
+            return torch.clamp(codes, min=int(zp)) if acc.floored else codes
         held = self.codes.get(src)
         if held is not None and held.axis is None and held.dtype == _INT8:
             self.stats.transcodes.append(n.name)
@@ -247,8 +263,11 @@ class IntegerSimulator(torch.fx.Interpreter):
             return False
         if src.op == "placeholder":
             return True
-        planned = src.meta.get(PLAN_KEY)
-        return src.op == "call_function" and not (planned and planned.get("out"))
+        # an operator Arm lowers on codes carries Arm's quantized mark (the
+        # materialisation's and CodecQuantizer's); anything else runs on the CPU
+        mark = src.meta.get("custom", {}).get(ARM_ANNOTATION_KEY)
+        quantized = getattr(mark, "quantized", None) if not isinstance(mark, dict) else mark.get("quantized")
+        return src.op == "call_function" and not quantized
 
     def _cpu_quantize(self, n: torch.fx.Node) -> torch.Tensor:
         """An encode at an integer-only policy, which runs on the CPU as ExecuTorch's
@@ -328,10 +347,43 @@ class IntegerSimulator(torch.fx.Interpreter):
             out = out + bias
         return out, mean, rstd
 
+    def _avg_pool_on_codes(self, n: torch.fx.Node) -> torch.Tensor | None:
+        """An avg_pool2d of per-tensor int8 codes whose readers all encode at the same
+        theta (the averaging rows share it), as TOSA's INT8 AVG_POOL2D computes it:
+        the sum of ``code - Z`` over the in-bounds window elements (Arm makes
+        count_include_pad's padding an explicit PAD before it), divided by their
+        count with TOSA's reciprocal multiplier (`rescale.average`), plus Z.
+
+        Z is not the zero point: executorch 1.5.1's RewriteAvgPool2dPass writes
+        each zero point as a `full` node carrying the pool's output qparams, and
+        ComputeConstantOpsAOTPass then quantizes it like a value, giving
+        ``quantize(zp, s, zp)``, saturated (-128 or 127 unless zp is 0). Input
+        and output get the same Z, so the average is right; only which way a
+        tie rounds follows Z's sign (tests/tools/test_simulation.py pins it)."""
+        src = n.args[0]
+        held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
+        if held is None or held.axis is not None or held.dtype != _INT8 or not n.users:
+            return None
+        if not all(_is_quantize(u) and float(u.args[1]) == held.scales[0] and int(u.args[2]) == held.zero_points[0]
+                   for u in n.users):
+            return None
+        _, kernel, stride, padding, ceil_mode, count_include_pad, divisor = (list(_args(n, self)) + [
+            [], [0, 0], False, True, None][len(n.args) - 2:])[:7]
+        if divisor is not None or (count_include_pad and any(padding)):
+            return None  # not what Arm's decomposition leaves for AVG_POOL2D
+        stride = stride or kernel
+        pool = torch.nn.functional.avg_pool2d
+        codes = held.codes.to(torch.float64)
+        sums = pool(codes, kernel, stride, padding, ceil_mode, False, divisor_override=1)
+        counts = pool(torch.ones_like(codes), kernel, stride, padding, ceil_mode, False, divisor_override=1)
+        zp = arm_pool_zero_point(held.scales[0], held.zero_points[0])
+        sums = sums - zp * counts
+        self.stats.integer_ops.append(n.name)
+        return average(torch.round(sums), torch.round(counts), zp, _INT8)
+
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
-        # an int32 quantize is an accumulator output (placement/accumulators.py)
-        if not n.users or not all(_is_quantize(u, (_INT8, _INT32)) for u in n.users):
+        if not n.users or not (all(_is_quantize(u) for u in n.users) or _fused_activation(n)):
             return None
         operands = _tensor_operands(n, key)
         held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
@@ -414,6 +466,27 @@ class IntegerSimulator(torch.fx.Interpreter):
         return any(isinstance(a, torch.fx.Node) and a in self.codes for a in n.all_input_nodes)
 
 
+def arm_pool_zero_point(scale: float, zero_point: int) -> int:
+    """The zero point Arm's AVG_POOL2D gets for codes at (scale, zero_point): the zero
+    point quantized as a value at those parameters (`_avg_pool_on_codes`)."""
+    q = torch.ops.quantized_decomposed.quantize_per_tensor(
+        torch.tensor([float(zero_point)]), scale, zero_point, -128, 127, torch.int8)
+    return int(q[0])
+
+
+def _fused_activation(n: torch.fx.Node) -> bool:
+    """`n`'s one reader is a relu, or a hardtanh from 0, read only by an INT8 quantize:
+    the activation Arm's FuseQuantizedActivationPass folds into `n`'s RESCALE (a
+    PT2E quantizer leaves nothing quantized between them, as Arm's does)."""
+    if len(n.users) != 1:
+        return False
+    (act,) = n.users
+    key = target_key(act.target) if act.op == "call_function" else ""
+    if key not in _FUSED_ACTIVATIONS or len(act.users) != 1 or not _is_quantize(next(iter(act.users))):
+        return False
+    return key == _RELU or float(act.args[1] if len(act.args) > 1 else -1.0) == 0.0
+
+
 def _fake_quantize(x: torch.Tensor, theta: tuple[Any, ...]) -> torch.Tensor:
     """Encode then decode like the plan's own codecs, for a codec Arm inserts itself."""
     q = torch.ops.quantized_decomposed.quantize_per_tensor(x, *theta)
@@ -458,9 +531,9 @@ def _tensor_operands(n: torch.fx.Node, key: str) -> list[Any]:
     return [a for a in operands if a is not None]
 
 
-def _is_quantize(n: torch.fx.Node, dtypes: tuple[torch.dtype, ...] = (_INT8,)) -> bool:
+def _is_quantize(n: torch.fx.Node) -> bool:
     return (n.op == "call_function" and target_key(n.target) == _Q
-            and len(n.args) > 5 and n.args[5] in dtypes)
+            and len(n.args) > 5 and n.args[5] == _INT8)
 
 
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]

@@ -33,23 +33,22 @@ class CodecSpec:
     (concatenations observed with their inputs, as Arm's INT8 quantizer does)
     and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` at
     policy I (the range Arm's INT8 quantizer's HistogramObserver picks) and
-    ``minmax`` otherwise. `accumulator_outputs=None` is true on an integer-only
-    target: a convolution's or linear's result that only the program output
-    reads leaves the delegate as its int32 accumulator, decoded on the CPU,
-    instead of requantised to INT8 first (docs/DESIGN.md, "Accumulator
-    outputs")."""
+    ``minmax`` otherwise. `pool_constants=None` pools helper constants except at
+    the reference policy, whose payload is then stock Arm's byte for byte.
+
+    An integer-only spec (policy I) is `CodecQuantizer`'s: the partitioner
+    then serves the program that quantizer made (README, "Integer targets")."""
 
     policy: str = "W"
     placement: str | None = None
     tosa: str | None = None
     fused_transcode: bool = False
-    pool_constants: bool = True
+    pool_constants: bool | None = None
     table: CommutationTable | None = None
     # activation codecs with zero point 0 (2-operator encode/decode instead of 3)
     symmetric_activations: bool = False
     target: str = "tosa"
     observer: str | None = None
-    accumulator_outputs: bool | None = None
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
@@ -71,16 +70,14 @@ class CodecSpec:
         if self.ethos_u and self.tosa not in (None, INT_ONLY):
             raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
         if self.target == "vgf" and self.integer_only:
-            # the integer-only flow delegates through Arm's INT partitioner after
-            # planning, which is wired for TOSA and Ethos-U; VGF would get nothing
+            # an integer VGF is Arm's VgfPartitioner's on a CodecQuantizer program;
+            # this spec's partitioner is wired for TOSA and Ethos-U only
             raise ValueError(f"--target vgf takes the TOSA-1.0+INT+FP and +FP policies, not an "
                              f"integer-only one (policy {self.policy}, {self.tosa_spec}); use "
                              "--target tosa or an Ethos-U target for policy I")
-        if self.accumulator_outputs is None:
-            object.__setattr__(self, "accumulator_outputs", self.integer_only)
-        if self.accumulator_outputs and not self.integer_only:
-            raise ValueError(f"accumulator outputs need an integer-only target (policy {INTEGER_POLICY} "
-                             f"with {INT_ONLY}); got policy {self.policy} with {self.tosa_spec}")
+        if self.pool_constants is None:
+            # the reference policy's bytes are stock Arm's unless asked otherwise
+            object.__setattr__(self, "pool_constants", not self.reference)
 
     @property
     def commutation_table(self) -> CommutationTable:
@@ -120,7 +117,6 @@ class CodecSpec:
                 "tosa": self.tosa_spec, "target": self.target,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "symmetric_activations": self.symmetric_activations, "observer": self.observer,
-                "accumulator_outputs": self.accumulator_outputs,
                 "custom_table": self.table is not None}
 
     def dumps(self) -> str:

@@ -10,8 +10,6 @@
   the width of the port's semantics; codec operators included. Folded
   constant operators, getitem, placeholders and outputs move nothing, and an
   output that nothing reads (max_pool2d's indices) is not written.
-* an accumulator output (placement/accumulators.py) is written, and read by
-  its decode, as int32;
 * codec items: elements processed by codec operators; an unfused transcode
   counts as a decode plus an encode, a fused one (int8 -> int8 RESCALE) once.
 * lower bound: the same variants with zero codec traffic.
@@ -26,7 +24,6 @@ from codec_tosa.placement.plan import DECODE, ENCODE, Plan
 from codec_tosa.placement.semantics import PLAIN, WEIGHT, Semantics
 
 CODE_BYTES = 1  # INT8 codes
-ACCUMULATOR_BYTES = 4  # an int32 accumulator output (placement/accumulators.py)
 SCALE_BYTES = 4  # FP32 scale
 ZERO_POINT_BYTES = 4  # INT32 zero point
 
@@ -62,10 +59,8 @@ def port_width(graph: PortGraph, sem: Semantics, port: int) -> int:
     return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else CODE_BYTES
 
 
-def value_width(graph: PortGraph, sem: Semantics, value: int, accumulators: frozenset[int] = frozenset()) -> int:
+def value_width(graph: PortGraph, sem: Semantics, value: int) -> int:
     """Bytes per element written through an output port (and read by its decode)."""
-    if value in accumulators:
-        return ACCUMULATOR_BYTES
     return CODE_BYTES if sem.out_code[value] else graph.itemsize(value)
 
 
@@ -100,7 +95,6 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
     rows: list[OpTraffic] = []
     total = 0
     numel = [graph.numel(v) for v in range(graph.num_values)]
-    wide = frozenset(v for d in plan.domains if d.accumulator for v in d.values)
     for op in range(graph.num_ops):
         if graph.op_const[op]:
             continue
@@ -110,7 +104,7 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
         w = 0
         for v in graph.op_out[op]:
             if graph.val_uses[v]:  # an output nobody reads (max_pool2d's indices) is not written
-                w += numel[v] * value_width(graph, sem, v, wide)
+                w += numel[v] * value_width(graph, sem, v)
         total += r + w
         if per_op:
             rows.append(OpTraffic(graph.op_name[op], graph.op_target[op], r, w))
@@ -121,7 +115,7 @@ def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool 
         if c.kind == ENCODE:
             r, w, k = n * plain, n * CODE_BYTES, n
         elif c.kind == DECODE:
-            r, w, k = n * value_width(graph, sem, c.value_id, wide), n * plain, n
+            r, w, k = n * value_width(graph, sem, c.value_id), n * plain, n
         elif fused_transcode:
             r, w, k = n * CODE_BYTES, n * CODE_BYTES, n
         else:  # a decode followed by an encode

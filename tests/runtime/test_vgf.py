@@ -21,7 +21,9 @@ from codec_tosa.spec import CodecSpec
 from codec_tosa.vgf import ConversionError, NoVulkanDevice, VgfToolMissing, convert, run_vgf, vgf_tools
 from codec_tosa.vgf import run as vgf_run
 from codec_tosa.vgf import tools as vgf_tools_module
-from codec_tosa.vgf.target import VGF_BACKEND_ID, lower_program_to_vgf
+from codec_tosa.tools.compiler import lower_program
+
+VGF_BACKEND_ID = arm_adapter.VGF_BACKEND_ID
 
 from small_models import calibration, conv_cat_reshape
 
@@ -41,24 +43,24 @@ def model():
 @pytest.fixture(scope="module")
 def lowered_w(model):
     _, _, ep, calib = model
-    return lower_program_to_vgf(ep, CodecSpec(policy="W"), calib)
+    return lower_program(ep, CodecSpec(policy="W", target="vgf"), calib)
 
 
 def test_policy_w_pte_delegates_to_vgfbackend_with_the_converted_tosa(lowered_w):
     from executorch.exir._serialize._program import _extract_delegate_payload
 
-    assert len(lowered_w.delegates) == len(lowered_w.vgf) == 1
+    assert sorted(lowered_w.files) == ["model.tosa", "model.vgf"]
     payload = _extract_delegate_payload(lowered_w.pte, VGF_BACKEND_ID)
-    assert payload is not None and bytes(payload) == lowered_w.vgf[0]
+    assert payload is not None and bytes(payload) == lowered_w.files["model.vgf"]
     # Arm's conversion inside VgfBackend gives what ours gives for our TOSA
-    assert convert(lowered_w.delegates[0].tosa) == lowered_w.vgf[0]
+    assert convert(lowered_w.files["model.tosa"]) == lowered_w.files["model.vgf"]
 
 
 @pytest.mark.parametrize("seed", [101, 202])
 def test_policy_w_vgf_equals_reference_model_bit_for_bit(lowered_w, model, seed):
     inputs = _held_out(model[1], seed)
-    reference = run_reference_model(lowered_w.delegates[0].tosa, inputs, "W")
-    on_vgf = run_vgf(lowered_w.vgf[0], inputs, "W")
+    reference = run_reference_model(lowered_w.files["model.tosa"], inputs, "W")
+    on_vgf = run_vgf(lowered_w.files["model.vgf"], inputs, "W")
     assert len(on_vgf) == len(reference) == 1
     assert on_vgf[0].dtype == reference[0].dtype
     assert np.array_equal(on_vgf[0], reference[0].reshape(on_vgf[0].shape))
@@ -144,7 +146,7 @@ def test_no_vulkan_device_is_reported_with_the_apt_line(monkeypatch, tmp_path, l
     missing = tmp_path / "no_icd.json"
     monkeypatch.setattr(vgf_run, "lavapipe_icd", lambda: missing)
     with pytest.raises(NoVulkanDevice, match=r"apt-get install -y mesa-vulkan-drivers libvulkan1$"):
-        run_vgf(lowered_w.vgf[0], _held_out(model[1], 404), "W")
+        run_vgf(lowered_w.files["model.vgf"], _held_out(model[1], 404), "W")
 
 
 def test_missing_vulkan_loader_is_named(monkeypatch):
@@ -156,18 +158,18 @@ def test_missing_vulkan_loader_is_named(monkeypatch):
 def test_inputs_must_match_the_vgf_tensors(lowered_w, model):
     (x,) = _held_out(model[1], 505)
     with pytest.raises(ValueError, match="float64 given"):
-        run_vgf(lowered_w.vgf[0], [x.astype(np.float64)])
+        run_vgf(lowered_w.files["model.vgf"], [x.astype(np.float64)])
     with pytest.raises(ValueError, match="takes 1 input"):
-        run_vgf(lowered_w.vgf[0], [x, x])
+        run_vgf(lowered_w.files["model.vgf"], [x, x])
 
 
 def test_a_delegate_the_converter_rejects_fails_lowering_in_one_line(model, monkeypatch):
-    from codec_tosa.vgf.target import VgfLowering
+    from codec_tosa import partitioner
 
     _, _, ep, calib = model
     # our TOSA step hands VgfBackend a graph the converter rejects, as a policy could
-    monkeypatch.setattr(VgfLowering, "lower", lambda self, program, spec: _int48_abs())
+    monkeypatch.setattr(partitioner, "_lower_planned_tosa", lambda program, spec: _int48_abs())
     with pytest.raises(ConversionError) as caught:
-        lower_program_to_vgf(ep, CodecSpec(policy="W"), calib)
+        lower_program(ep, CodecSpec(policy="W", target="vgf"), calib)
     assert caught.value.operator == "ABS" and "\n" not in str(caught.value)
     assert str(caught.value).startswith("VgfBackend delegate: model-converter failed at TOSA operator ABS")

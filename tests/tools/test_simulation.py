@@ -275,3 +275,46 @@ def test_policy_i_residual_adds_are_simulated_in_int32() -> None:
     _, stats = simulate_with_stats(low.planned, samples[0])
     adds = [n for n in stats.integer_ops if n.startswith("aten_add")]
     assert len(adds) == 4, stats.integer_ops  # one per block, each on codes
+
+
+class _AvgPool(nn.Module):
+    def __init__(self, kernel: int, stride: int, padding: int) -> None:
+        super().__init__()
+        self.kernel, self.stride, self.padding = kernel, stride, padding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x, self.kernel, self.stride, self.padding, count_include_pad=False)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 1, 1), (3, 2, 1)])
+@pytest.mark.parametrize("shift", [-1.0, 1.0])  # a negative and a positive zero point
+def test_policy_i_avg_pool_is_simulated_as_tosa_computes_it(kernel: int, stride: int, padding: int,
+                                                             shift: float) -> None:
+    """INT8 AVG_POOL2D on codes chosen to put window sums on ties, held out from
+    calibration: the simulation equals the reference model bit for bit, including
+    which way a tie rounds, which follows the zero point Arm actually serialises."""
+    from codec_tosa.serialization.tosa_stats import iter_constants, iter_operators
+    from codec_tosa.simulation import arm_pool_zero_point
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, 4, 10, 10, generator=gen) + shift,)
+    low = lower_program(torch.export.export(_AvgPool(kernel, stride, padding).eval(), x), CodecSpec("I"), [x])
+    payload = delegate_payload(low.pte)
+    encode = next(n for n in low.planned.materialized().graph.nodes if "quantize_per_tensor" in str(n.target))
+    scale, zp = float(encode.args[1]), int(encode.args[2])
+    assert zp != 0
+    # upstream (executorch 1.5.1): the pool's zero points are its zero point quantized
+    # as a value, saturated; when this fails Arm has fixed it and the simulation must follow
+    consts = {c.name: c.data for c in iter_constants(payload)}
+    (pool,) = [op for op in iter_operators(payload) if op.op == "AVG_POOL2D"]
+    serialised = [int.from_bytes(consts[name], "little", signed=True) for name in pool.inputs[1:]]
+    assert serialised == [arm_pool_zero_point(scale, zp)] * 2 == [-128 if zp < 0 else 127] * 2
+    # codes whose window sums are often exact halves (pairs of neighbours differ by one)
+    codes = torch.randint(-60, 60, (1, 4, 10, 10), generator=gen, dtype=torch.int8)
+    codes[..., 1::2] = codes[..., ::2] + 1
+    held_out = ((codes.float() - zp) * scale,)
+    (ref,) = run_reference_model(payload, [codes.numpy()], "avg_pool")
+    sim, stats = simulate_with_stats(low.planned, held_out)
+    assert stats.integer_ops and not stats.float_fallbacks
+    expected = (torch.from_numpy(ref).reshape(sim[0].shape).float() - zp) * scale
+    assert torch.equal(expected, sim[0])

@@ -21,14 +21,6 @@ pass pipeline understands:
   ``InsertRescalePass`` turns the remaining ``dq_s -> q_d`` pair into one
   int8 -> int8 ``RESCALE``, so transcodes come out fused (codes in, codes
   out) without anything more from us;
-* an accumulator output (`placement/accumulators.py`; no theta in the
-  plan): the weight keeps its per-channel codes but is read through a
-  ``dequantize_per_tensor`` of scale 1, its bias codes through scale ``s_in``,
-  so Arm sees an accumulator of scale ``s_in``; ``quantize(int32, s_in, 0)``
-  follows the operator (Arm's RESCALE by ``s_in / s_in`` = 1 is dropped by
-  `remove_identity_rescales`), and the CPU decode is a
-  ``dequantize_per_channel`` of int32 at ``s_in * s_w[c]``: the per-channel
-  weight scales move into the decode;
 * a WEIGHT in-port (offline-encoded operand): the constant it reads is
   evaluated, encoded (symmetric INT8, `Int8Affine.learn_weight`), stored as a
   new int8 lifted constant and read through ``dequantize_per_channel`` (or
@@ -101,7 +93,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputSpec, TensorArgument
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
-from codec_tosa.codecs.int8 import DEFAULT_CODEC
+from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX as _INT32_QMAX, INT32_QMIN as _INT32_QMIN
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
@@ -113,14 +105,6 @@ DQ_CHANNEL = _QD.dequantize_per_channel.default
 # Where Arm's quantizer marks an operator as quantized (annotation_meta.ArmAnnotationInfo).
 ARM_ANNOTATION_KEY = "_arm_annotation_info"
 
-_INT32_QMIN, _INT32_QMAX = -(2**31) + 1, 2**31 - 1
-
-
-@dataclass(frozen=True)
-class _Accumulator:
-    theta: Theta  # of the int32 codes the delegate writes (scale s_in)
-    decode_scales: torch.Tensor  # s_in * s_w[c], per output channel
-    axis: int  # of the output channels
 
 
 class MaterializeError(ValueError):
@@ -175,7 +159,6 @@ class _Materializer:
         self.stats = stats
         self._const_values: dict[int, torch.Tensor] = {}
         self._read_constants: list[torch.fx.Node] = []
-        self._accumulators: dict[int, _Accumulator] = {}  # op -> its int32 accumulator output
 
     # ---- annotation -------------------------------------------------------
     def annotate_int8_ops(self) -> None:
@@ -209,38 +192,14 @@ class _Materializer:
             if facts is None:
                 raise MaterializeError(f"node {self.g.op_name[op]}: encoded weights but no operator "
                                        "facts in the plan")
-            accumulator = self._accumulator_output(op)
             w_scales: torch.Tensor | None = None
             for p in weight_ports:
-                w_scales = self._encode_weight(op, p, facts.axis, unit_scale=accumulator)
+                w_scales = self._encode_weight(op, p, facts.axis)
             if facts.bias is not None and len(weight_ports) == 1 and w_scales is not None:
-                self._encode_bias(op, facts, w_scales, unit_weight_scale=accumulator)
-            if accumulator:
-                self._accumulators[op] = self._accumulator(op, facts, w_scales)
+                self._encode_bias(op, facts, w_scales)
 
-    def _accumulator_output(self, op: int) -> bool:
-        return any(self.outs[v] is not None and self.outs[v].accumulator for v in self.g.op_out[op])
-
-    def _accumulator(self, op: int, facts: OpFacts, w_scales: torch.Tensor | None) -> "_Accumulator":
-        """How an accumulator output is written: int32 codes at s_in (the weight is
-        read at scale 1), decoded per output channel at s_in * s_w[c]."""
-        name = self.g.op_name[op]
-        act_port = self._port_by_arg(op, facts.bias_scale_of) if facts.bias_scale_of else None
-        act = self.ins[act_port] if act_port is not None else None
-        if act is None or act.theta is None or w_scales is None:
-            raise MaterializeError(f"node {name}: an accumulator output needs an encoded input and "
-                                   "an encoded weight")
-        s_in = act.theta.scale
-        out = self.g.op_out[op][0]
-        axis = 1 if self.g.op_target[op] == "aten.convolution.default" else len(self.g.val_shape[out]) - 1
-        channels = self.g.val_shape[out][axis]
-        decode = (s_in * w_scales).expand(channels).contiguous().float()
-        return _Accumulator(Theta(s_in, 0, _INT32_QMIN, _INT32_QMAX, torch.int32), decode, axis)
-
-    def _encode_weight(self, op: int, port: int, axis: int | None, unit_scale: bool = False) -> torch.Tensor:
-        """Replace the constant read at `port` by int8 codes + dequantize; return the scales.
-        `unit_scale`: the dequantize reads the codes at scale 1 (an accumulator
-        output's weight, whose scales its decode applies)."""
+    def _encode_weight(self, op: int, port: int, axis: int | None) -> torch.Tensor:
+        """Replace the constant read at `port` by int8 codes + dequantize; return the scales."""
         value = self.g.in_value[port]
         w = self._constant(value, port).float()
         name = self.g.op_name[op]
@@ -259,10 +218,7 @@ class _Materializer:
             ct = DEFAULT_CODEC.learn_weight(w.reshape(1, -1), axis=0)
         codes = _quantize_symmetric(w, ct)
         codes_node = self._new_constant(f"{name}_{self.g.in_arg[port]}_int8", codes)
-        if unit_scale:
-            dq = self._call_after_constants(DQ_TENSOR, (codes_node, 1.0, 0, ct.qmin, ct.qmax, ct.dtype),
-                                            codes_node.meta["val"].to(torch.float32), self.g.fx_op_node[op])
-        elif per_channel:
+        if per_channel:
             scales = self._new_constant(f"{name}_{self.g.in_arg[port]}_scale", ct.scales.float())
             zps = self._new_constant(f"{name}_{self.g.in_arg[port]}_zp", torch.zeros(len(ct.scales), dtype=torch.int64))
             dq = self._call_after_constants(DQ_CHANNEL, (codes_node, scales, zps, 0, ct.qmin, ct.qmax, ct.dtype),
@@ -274,11 +230,8 @@ class _Materializer:
         self.stats.weights += 1
         return ct.scales.float()
 
-    def _encode_bias(self, op: int, facts: OpFacts, w_scales: torch.Tensor,
-                     unit_weight_scale: bool = False) -> None:
-        """The bias as int32 codes at s_in * `w_scales`, read through a dequantize at
-        that scale, or at s_in when the weight is read at scale 1 (an accumulator
-        output's: the codes are the same, the decode applies `w_scales`)."""
+    def _encode_bias(self, op: int, facts: OpFacts, w_scales: torch.Tensor) -> None:
+        """The bias as int32 codes at s_in * `w_scales`, read through a dequantize at that scale."""
         assert facts.bias is not None and facts.bias_scale_of is not None
         bias_port = self._port_by_arg(op, facts.bias)
         act_port = self._port_by_arg(op, facts.bias_scale_of)
@@ -291,7 +244,7 @@ class _Materializer:
                 "an INT8 compute operator needs an encoded activation to scale its int32 bias")
         bias = self._constant(self.g.in_value[bias_port], bias_port).float()
         coded = (act.theta.scale * w_scales).expand(bias.shape[-1]).contiguous().float()
-        scales = torch.full_like(coded, act.theta.scale) if unit_weight_scale else coded
+        scales = coded
         exact = torch.round(bias / coded)
         name = self.g.op_name[op]
         if bool(((exact < _INT32_QMIN) | (exact > _INT32_QMAX)).any()):
@@ -333,9 +286,6 @@ class _Materializer:
         constant = self.g.val_kind[v] == CONSTANT
         value = self._constant(v, self.g.val_uses[v][0]) if constant and self.g.val_uses[v] else None
         if src is not None:
-            if src.accumulator:
-                self._accumulator_codecs(v, node, at)
-                return
             theta_s = _theta(src, self.g.val_name[v])
             if value is not None:
                 value, base = self._offline_codes(value, theta_s, self.g.val_name[v])
@@ -374,21 +324,6 @@ class _Materializer:
             new = into.get(c.domain, base) if c is not None else decode
             if new is not node:
                 replace_fx_use(self._fx_use(u), new)
-
-    def _accumulator_codecs(self, v: int, node: torch.fx.Node, at: torch.fx.Node) -> None:
-        """quantize(int32, s_in) after the operator, then the per-channel decode its
-        readers (the program output, placement/accumulators.py) read."""
-        acc = self._accumulators[self.g.val_op[v]]
-        q = self._q(node, acc.theta, at)
-        name = self.g.val_name[v]
-        scales = self._new_constant(f"{name}_decode_scale", acc.decode_scales)
-        zps = self._new_constant(f"{name}_decode_zp", torch.zeros(len(acc.decode_scales), dtype=torch.int64))
-        decode = self._call(DQ_CHANNEL, (q, scales, zps, acc.axis, _INT32_QMIN, _INT32_QMAX, torch.int32),
-                            _fake(q).to(torch.float32), q, q)
-        self.stats.value_codes += 1
-        self.stats.decodes += 1
-        for u in self.g.val_uses[v]:
-            replace_fx_use(self._fx_use(u), decode)
 
     def _read_as_codes_and_plain(self, v: int) -> bool:
         """Whether `v` has a reader of its codes (an INT8 consumer or a transcode) and
@@ -525,7 +460,7 @@ def _check_thetas(graph: PortGraph, ins: list[PortCodec | None], outs: list[Port
         if c is not None and not c.weight:
             _theta(c, graph.in_port_label(p))
     for v, c in enumerate(outs):
-        if c is not None and not c.accumulator:
+        if c is not None:
             _theta(c, graph.out_port_label(v))
 
 

@@ -10,6 +10,8 @@ import torch
 from codec_tosa.codecs.base import ChannelTheta, Theta
 
 QMIN, QMAX = -128, 127
+# an INT8 convolution's int32 bias codes (symmetric, as PT2E's bias qspec)
+INT32_QMIN, INT32_QMAX = -(2**31) + 1, 2**31 - 1
 # Floor of the scale of a tiny, non-zero range: float32's epsilon, as PT2E's
 # observers use. A smaller floor lets an INT8 convolution's int32 bias codes
 # (bias / (s_in * s_w)) overflow: InceptionV3 with random weights reaches its

@@ -25,7 +25,12 @@ serve (docs/DESIGN.md, "Operator facts"):
   scale ``s(bias_scale_of) * s(weight)`` and requantises it with a RESCALE;
   at an integer target, an output of it that only the program output reads
   leaves the delegate as that accumulator instead (docs/DESIGN.md,
-  "Accumulator outputs").
+  "Accumulator outputs");
+* `fuses_activation`: Arm's INT8 lowering folds a following relu (or
+  relu6-style hardtanh) into the operator's output RESCALE
+  (`FuseQuantizedActivationPass`) when nothing quantizes the value between
+  them, which is how Arm's quantizer annotates such a pair; `CodecQuantizer`
+  annotates it the same way.
 
 A user table's row inherits the facts of the built-in row for its operator
 unless it states them.
@@ -49,7 +54,8 @@ from codec_tosa.commutation.policy import PolicyOrder
 OUT = "out"
 
 
-_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if", "accumulates")
+_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if", "accumulates",
+              "fuses_activation")
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Row:
     int8_lowering: str | None = None
     int8_refused_if: tuple[str, ...] = ()
     accumulates: bool = False
+    fuses_activation: bool = False
 
     def int8_refusal(self, argument: Callable[[str], Any]) -> str | None:
         """Why this operator, called with `argument(name)`, stays FP32 in the lowering."""
@@ -75,6 +82,13 @@ class Row:
             if argument(name):
                 return f"Arm's TOSA lowering cannot take it with encoded ports when {name} is true"
         return None
+
+    @property
+    def moves_codes(self) -> bool:
+        """Its INT8 variant only moves codes (layout operators, cat): every encoded
+        port in one block, no weight, no arithmetic on the codes."""
+        return (bool(self.encoded) and not self.weights and len(self.blocks) == 1
+                and set(self.blocks[0]) == set(self.encoded))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +103,7 @@ class Row:
             "int8_lowering": self.int8_lowering,
             "int8_refused_if": list(self.int8_refused_if),
             "accumulates": self.accumulates,
+            "fuses_activation": self.fuses_activation,
         }
 
     @staticmethod
@@ -110,6 +125,7 @@ class Row:
             int8_lowering=d.get("int8_lowering", base.int8_lowering),
             int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
             accumulates=bool(d.get("accumulates", base.accumulates)),
+            fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
         )
 
 
@@ -140,6 +156,8 @@ def _layout(target: str, src: str = "self", out: str = OUT) -> Row:
 # dominator is read only by one of them learns its theta after it.
 CLAMPING_TARGETS: tuple[str, ...] = (
     "aten.relu.default", "aten.hardtanh.default", "aten.clamp.default",  # relu6 is hardtanh(0, 6)
+    # the in-place spellings torch.export keeps in the graph a PT2E quantizer annotates
+    "aten.relu_.default", "aten.hardtanh_.default",
 )
 
 
@@ -175,7 +193,7 @@ _LAYOUT_OPS = [
     "transpose.int", "t.default", "clone.default", "alias.default", "slice.Tensor",
     "select.int", "squeeze.dim", "squeeze.dims", "squeeze.default", "unsqueeze.default",
     "expand.default", "split_with_sizes.default", "split.Tensor", "chunk.default",
-    "unbind.int", "flatten.using_ints", "contiguous.default",
+    "unbind.int", "flatten.using_ints", "contiguous.default", "narrow.default",
 ]
 _EDGE_COPY = {
     "view.default": "view_copy.default",
@@ -202,9 +220,14 @@ def _default_rows() -> list[Row]:
         # RewriteConvPass / DecomposeLinearPass turn into per-channel RESCALEs;
         # a transposed convolution keeps its output channels on axis 1
         _compute("aten.convolution.default", ("input", "weight"), ("weight",), weight_axis=0,
-                 bias="bias", bias_scale_of="input", int8_refused_if=("transposed",), accumulates=True),
+                 bias="bias", bias_scale_of="input", int8_refused_if=("transposed",), accumulates=True,
+                 fuses_activation=True),
+        # the spellings of the graph a PT2E quantizer annotates (before decomposition)
+        *(_compute(f"aten.{conv}.default", ("input", "weight"), ("weight",), weight_axis=0,
+                   bias="bias", bias_scale_of="input", accumulates=True, fuses_activation=True)
+          for conv in ("conv1d", "conv2d")),
         _compute("aten.linear.default", ("input", "weight"), ("weight",), weight_axis=0,
-                 bias="bias", bias_scale_of="input", accumulates=True),
+                 bias="bias", bias_scale_of="input", accumulates=True, fuses_activation=True),
         # matmul operands: one scale per tensor (Arm's MATMUL rescale reads no more)
         _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2"), int8_lowering=_ADDMM_INT8),
         _compute("aten.mm.default", ("self", "mat2"), ("self", "mat2")),
@@ -228,10 +251,12 @@ def _default_rows() -> list[Row]:
         _integer("aten.add.Tensor", ("self", "other")),  # RESCALE both to int32, ADD, RESCALE
         _integer("aten.sub.Tensor", ("self", "other")),
         _integer("aten.mul.Tensor", ("self", "other")),  # int32 MUL, one output RESCALE
+        *(_integer(f"aten.{op}_.Tensor", ("self", "other")) for op in ("add", "sub", "mul")),
         # TABLE: a 256-entry lookup from input codes to output codes
         _integer("aten.sigmoid.default", ("self",)),
         _integer("aten.tanh.default", ("self",)),
         _integer("aten.hardswish.default", ("self",)),
+        _integer("aten.hardswish_.default", ("self",)),
         _integer("aten.hardsigmoid.default", ("self",)),
         _integer("aten.silu.default", ("self",)),
         _integer("aten.gelu.default", ("self",)),

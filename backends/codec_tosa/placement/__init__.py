@@ -11,7 +11,6 @@ from codec_tosa.graph import PortGraph
 from codec_tosa.placement.domains import (
     COALESCE, LOCAL, NONLOCAL, PLACEMENTS, SHARE, build_domains, check_placement,
 )
-from codec_tosa.placement.accumulators import mark_accumulator_outputs
 from codec_tosa.placement.dominators import DominatorError, verify_dominators
 from codec_tosa.placement.plan import Codec, Domain, Plan, make_plan
 from codec_tosa.placement.semantics import Semantics, resolve
@@ -38,11 +37,8 @@ def place(
     labels: bool = True,
     fused_transcode: bool = False,
     plain_ops: Collection[int] = (),
-    accumulator_outputs: bool = False,
 ) -> Placement:
-    """Run the placement algorithm; `verify` also runs the independent dominator check.
-    `accumulator_outputs` (integer targets) marks the output domains that leave the
-    delegate as an int32 accumulator (placement/accumulators.py)."""
+    """Run the placement algorithm; `verify` also runs the independent dominator check."""
     check_placement(placement)
     # The passes allocate millions of small lists on big graphs; the cyclic GC
     # would rescan them over and over (time per node grew 3x from 10^3 to 10^6).
@@ -52,8 +48,6 @@ def place(
         sem = resolve(graph, table, policy, plain_ops)
         sets = build_domains(graph, sem, placement)
         plan = make_plan(graph, sem, sets, labels=labels, fused_transcode=fused_transcode)
-        if accumulator_outputs:
-            mark_accumulator_outputs(graph, sem, plan, table)
     finally:
         if gc_was_on:
             gc.enable()

@@ -27,9 +27,6 @@ class Domain:
     values: list[int] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)  # labels, filled by `label_ports`
     shared: list[tuple[str, int]] = field(default_factory=list)  # more (label, value observed)
-    # its one tensor leaves the delegate as the int32 accumulator of the operator
-    # that computes it (placement/accumulators.py): no theta is learned for it
-    accumulator: bool = False
 
     @property
     def observed(self) -> list[int]:

@@ -87,10 +87,9 @@ def _spec(args: argparse.Namespace):
 
     table = CommutationTable.from_json(args.table) if args.table else None
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
-                     fused_transcode=args.fused_transcode, pool_constants=not args.no_pool, table=table,
-                     symmetric_activations=getattr(args, "symmetric_activations", False),
-                     target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None),
-                     accumulator_outputs=False if getattr(args, "int8_outputs", False) else None)
+                     fused_transcode=args.fused_transcode, pool_constants=False if args.no_pool else None,
+                     table=table, symmetric_activations=getattr(args, "symmetric_activations", False),
+                     target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -191,10 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--observer", choices=("minmax", "histogram"),
                    help="how calibration picks each domain's range (default: histogram at policy I, "
                         "as Arm's INT8 quantizer; minmax otherwise)")
-    c.add_argument("--int8-outputs", action="store_true",
-                   help="at policy I, requantise a convolution's or linear's program output to INT8 "
-                        "inside the delegate, as Arm's flow does (default: the delegate hands over the "
-                        "int32 accumulator and the CPU decodes it per channel)")
     c.add_argument("--table", help="a user commutation table (JSON)")
     c.add_argument("--target", default="tosa",
                    help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "

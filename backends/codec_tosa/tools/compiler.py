@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -57,89 +58,103 @@ class Lowered:
 def lower_program(program: ExportedProgram, spec: CodecSpec,
                   calibration: Sequence[Sequence[torch.Tensor]] | None,
                   on_stage: lowering_progress.Callback | None = None) -> Lowered:
-    """`to_edge_transform_and_lower` with a CodecTosaPartitioner, then `.to_executorch()`.
+    """The README's Python recipe for `spec`, then `.to_executorch()`.
 
-    `spec.target` "vgf" delegates to Arm's VgfBackend instead (our plan and
-    TOSA lowering, Arm's model-converter) and keeps each delegate's VGF and
-    TOSA; an integer-only spec (policy I, an Ethos-U target) materialises the
-    plan first and lets Arm's stock INT partitioner delegate. `on_stage` is
-    called with each stage as it starts: placement + calibration, the TOSA
-    lowering of each delegate, serialisation (`codec_tosa.progress`)."""
+    A mixed policy: `to_edge_transform_and_lower` with a CodecTosaPartitioner
+    (target "vgf": the delegate is Arm's VgfBackend, and each delegate's VGF
+    and TOSA are kept). An integer-only spec (policy I, an Ethos-U target):
+    Arm's PT2E flow with CodecQuantizer, then CodecTosaPartitioner (which tags
+    with Arm's INT partitioner for the target). `on_stage` is called with each
+    stage as it starts: placement + calibration, the TOSA lowering of each
+    delegate, serialisation (`codec_tosa.progress`)."""
+    with lowering_progress.reporting(on_stage):
+        if spec.integer_only:
+            return _lower_quantized(program, spec, calibration)
+        return _lower_planned(program, spec, calibration)
+
+
+def _lower_planned(program: ExportedProgram, spec: CodecSpec,
+                   calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
     from executorch.exir import to_edge_transform_and_lower
 
-    with lowering_progress.reporting(on_stage):
-        if spec.target == "vgf":
-            return _lower_to_vgf(program, spec, calibration)
+    from codec_tosa.partitioner import CodecTosaPartitioner
 
-        from codec_tosa.partitioner import CodecTosaPartitioner
-
-        if spec.integer_only:
-            return _lower_integer(program, spec, calibration)
-        part = CodecTosaPartitioner(spec, calibration=calibration)
-        t = time.perf_counter()
+    part = CodecTosaPartitioner(spec, calibration=calibration)
+    t = time.perf_counter()
+    try:
         edge = to_edge_transform_and_lower(program, partitioner=[part])
-        lowering = time.perf_counter() - t
-        t = time.perf_counter()
-        lowering_progress.stage(lowering_progress.SERIALISATION)
-        pte = edge.to_executorch().buffer
-    return Lowered(pte, part.planned, lowering, time.perf_counter() - t)
+    except RuntimeError as e:  # Arm's vgf_compile: "Vgf compiler failed.\n...Stderr:\n..."
+        if spec.target == "vgf" and str(e).startswith("Vgf compiler failed"):
+            from codec_tosa.vgf.convert import conversion_error
+
+            raise conversion_error("VgfBackend delegate", str(e).split("Stderr:", 1)[-1], 1) from None
+        raise
+    lowering = time.perf_counter() - t
+    t = time.perf_counter()
+    lowering_progress.stage(lowering_progress.SERIALISATION)
+    pte = bytes(edge.to_executorch().buffer)
+    files, report = (_vgf_files(pte) if spec.target == "vgf" else ({}, {}))
+    return Lowered(pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
 
 
-def _lower_to_vgf(program: ExportedProgram, spec: CodecSpec,
-                  calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+def _vgf_files(pte: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """model.vgf and model.tosa of each VgfBackend delegate, and report.json's account of them."""
+    from codec_tosa import arm_adapter
+    from codec_tosa.runtime.pte import delegates
     from codec_tosa.serialization.tosa_stats import tosa_stats
-    from codec_tosa.vgf.target import lower_program_to_vgf
 
-    low = lower_program_to_vgf(program, spec, calibration)
     files: dict[str, bytes] = {}
-    for i, (vgf, record) in enumerate(zip(low.vgf, low.delegates)):
-        files[delegate_file(i, "vgf")], files[delegate_file(i, "tosa")] = vgf, record.tosa
-    # the .pte holds only the VGF; the TOSA that was converted is described here
-    report = {"vgf": [{"tag": r.tag, "tosa_bytes": len(r.tosa), "vgf_bytes": len(v),
-                       "tosa_lowering_s": r.lowering_s, "conversion_s": r.conversion_s,
-                       "pooling": r.pooling,
-                       "tosa": tosa_stats(r.tosa).to_dict()}
-                      for r, v in zip(low.delegates, low.vgf)]}
-    return Lowered(low.pte, low.partitioner.planned, low.lowering_s, low.serialisation_s, files, report,
-                   low.edge)
+    report = []
+    vgfs = [d.payload for d in delegates(pte) if d.backend_id == arm_adapter.VGF_BACKEND_ID]
+    for i, vgf in enumerate(vgfs):
+        tosa = arm_adapter.tosa_of_payload(vgf)
+        if tosa is None:
+            raise RuntimeError(f"VgfBackend delegate {i}: the TOSA it was converted from was not journaled")
+        files[delegate_file(i, "vgf")], files[delegate_file(i, "tosa")] = vgf, tosa
+        report.append({"delegate": i, "tosa_bytes": len(tosa), "vgf_bytes": len(vgf),
+                       "tosa": tosa_stats(tosa).to_dict()})
+    return files, {"vgf": report}
 
 
 class VelaError(RuntimeError):
     """Vela is missing or refused the TOSA it was given (one line, Vela's message quoted)."""
 
 
-def _lower_integer(program: ExportedProgram, spec: CodecSpec,
-                   calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
-    """Plan, materialise the plan as q/dq, then let Arm's stock INT partitioner
-    delegate (docs/DESIGN.md, "Integer targets")."""
-    import copy
+class NothingDelegated(ValueError):
+    """Arm's INT partitioner took no operator of the quantized program."""
 
+
+def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
+                     calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
+    """Arm's PT2E flow with CodecQuantizer (docs/DESIGN.md, "Integer targets")."""
     import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
-    from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from codec_tosa import arm_adapter
-    from codec_tosa.partitioner import CodecTosaPartitioner, IntegerPartitioner
-    from codec_tosa.plan_meta import clear_plan
+    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.quantizer import CodecQuantizer
 
     if spec.ethos_u:
         arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
         if not arm_adapter.vela_available():
             raise VelaError(f"--target {spec.target} needs Vela: pip install ethos-u-vela==5.2.0")
-    part = CodecTosaPartitioner(spec, calibration=calibration)
+    if not calibration:
+        raise ValueError("calibration: no input tuples given")
     t = time.perf_counter()
-    unplanned = to_edge_transform_and_lower(program, partitioner=[part])  # plans; delegates nothing
-    if part.planned is None:
-        raise ValueError("the partitioner planned nothing")
-    materialized = copy.deepcopy(part.planned.materialized())
-    clear_plan(materialized.graph_module)  # it is q/dq nodes now
-    # the materialised program is edge dialect with quantized_decomposed nodes,
-    # exactly what to_edge makes of a convert_pt2e module; it is not re-verified
-    edge = EdgeProgramManager({"forward": materialized},
-                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    lowering_progress.stage(lowering_progress.PLACEMENT)
+    quantizer = CodecQuantizer(spec)
+    prepared = prepare_pt2e(program.module(check_guards=False), quantizer)
+    with torch.no_grad():
+        for inputs in calibration:
+            prepared(*inputs)
+    example = tuple(calibration[0])
+    quantized = torch.export.export(convert_pt2e(prepared), example)
+    part = CodecTosaPartitioner(spec)
     with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir:
-        with arm_adapter.vela_runs_kept(vela_dir) as runs, arm_adapter.identity_rescales_removed():
+        with arm_adapter.vela_runs_kept(vela_dir) as runs:
             try:
-                edge = edge.to_backend(IntegerPartitioner(part.planned))
+                edge = to_edge_transform_and_lower(copy.deepcopy(quantized), partitioner=[part])
             except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
                 if runs or isinstance(e, SystemExit):  # the failure is Vela's
                     said = _vela_error_line(runs[-1].log if runs else "") or f"{type(e).__name__}: {e}"
@@ -148,22 +163,25 @@ def _lower_integer(program: ExportedProgram, spec: CodecSpec,
         runs = [_kept_run(r) for r in runs]
     lowering = time.perf_counter() - t
     t = time.perf_counter()
-    pte = edge.to_executorch().buffer
-    planned: PlannedProgram | None = part.planned
+    lowering_progress.stage(lowering_progress.SERIALISATION)
+    pte = bytes(edge.to_executorch().buffer)
+    serialisation = time.perf_counter() - t
     from codec_tosa.runtime.pte import inspect_pte
 
-    if not inspect_pte(pte).delegate_ids:
-        # Arm's INT partitioner took nothing: the plan's codecs would only
-        # quantize on the CPU, so the program stays the model, in FP32
-        pte, planned = unplanned.to_executorch().buffer, None
-    serialisation = time.perf_counter() - t
+    info = inspect_pte(pte)
+    if not info.delegate_ids:
+        left = ", ".join(sorted(set(info.operators))) or "none"
+        raise NothingDelegated(f"policy {spec.policy}: Arm's INT partitioner delegated nothing of this "
+                               f"model (operators on the CPU: {left}); lower it at a mixed policy "
+                               "such as --policy W instead")
+    planned = quantizer.planned(quantized, part)
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
     if runs:
         from codec_tosa.tools.vela_summary import vela_report
 
-        report["vela"] = vela_report(runs, len(inspect_pte(pte).operators))
+        report["vela"] = vela_report(runs, info.operators)
     return Lowered(pte, planned, lowering, serialisation, files, report)
 
 
@@ -229,25 +247,59 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
         stage("reference outputs")
         held_out = held_out_inputs(loaded.inputs, samples)
-        with torch.no_grad():
-            eager = _as_list(loaded.module(*loaded.inputs))
-            sample_eager = [_as_list(loaded.module(*x)) for x in held_out]
-        # the simulation, and how far a correct artefact may be from it (docs/DESIGN.md, "Validation")
-        envelopes = ([simulate_envelope(planned, x) for x in [loaded.inputs, *held_out]]
-                     if planned is not None and not spec.reference else [])
-        if envelopes:
-            simulated, sample_simulated = envelopes[0].outputs, [e.outputs for e in envelopes[1:]]
-        else:
-            simulated = simulate(planned, loaded.inputs) if planned is not None else eager
-            sample_simulated = ([simulate(planned, x) for x in held_out] if planned is not None
-                                else sample_eager)
-        sensitivity = (rounding_sensitivity(planned, loaded.inputs, simulated)
-                       if planned is not None and not spec.reference else None)
+        t = time.perf_counter()
+        ref = reference_stage(planned, loaded.module, loaded.inputs, held_out, spec)
+        times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()
     finally:
         bar.close()
 
+    report = build_report(model, spec, pte, planned, times, lowered.report, ref)
+    write_artefacts(out, pte, ref.arrays, report, lowered.files)
+    return CompileResult(out, report, tuple(lowered.files), ref.warnings)
+
+
+@dataclass
+class Reference:
+    """What the reference stage computed: reference_io.npz's arrays, report.json's
+    account of the ambiguous codes, and the SQNR warnings."""
+
+    arrays: dict[str, np.ndarray]
+    ambiguous: dict[str, Any] | None
+    warnings: list[str]
+
+
+def reference_stage(planned: PlannedProgram | None, module: Callable[..., Any],
+                    inputs: Sequence[torch.Tensor], held_out: Sequence[Sequence[torch.Tensor]],
+                    spec: CodecSpec) -> Reference:
+    """Eager and simulated outputs of the example and the held-out inputs, with the
+    allowance of the ambiguous codes (docs/DESIGN.md, "Validation")."""
+    with torch.no_grad():
+        eager = _as_list(module(*inputs))
+        sample_eager = [_as_list(module(*x)) for x in held_out]
+    envelopes = ([simulate_envelope(planned, x) for x in [inputs, *held_out]]
+                 if planned is not None and not spec.reference else [])
+    if envelopes:
+        simulated, sample_simulated = envelopes[0].outputs, [e.outputs for e in envelopes[1:]]
+    else:
+        simulated = simulate(planned, inputs) if planned is not None else eager
+        sample_simulated = [simulate(planned, x) for x in held_out] if planned is not None else sample_eager
+    sensitivity = (rounding_sensitivity(planned, inputs, simulated)
+                   if planned is not None and not spec.reference else None)
+    fallback = fp32_steps(eager)
+    steps = planned.output_steps(fallback) if planned is not None else fallback
+    arrays = {**reference_io(inputs, eager, simulated, steps, sensitivity, held_out, sample_eager,
+                             sample_simulated), **envelope_arrays(envelopes)}
+    # the simulation is bit-exact with the artefact (validate checks it), so its
+    # SQNR is the artefact's
+    warnings = sqnr_warnings([eager, *sample_eager], [simulated, *sample_simulated])
+    return Reference(arrays, envelope_summary(envelopes) if envelopes else None, warnings)
+
+
+def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgram | None,
+                 times: dict[str, float], target_report: dict[str, Any], ref: Reference) -> dict[str, Any]:
+    """report.json: the spec, the delegates as serialised, the modeled traffic."""
     report: dict[str, Any] = {
         "model": model,
         "spec": spec.to_json(),
@@ -258,7 +310,7 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
     }
     # operators, constants, unfused and fused traffic of the delegates as serialised
     report["tosa"] = program_delegates(pte).summary()
-    report.update(lowered.report)
+    report.update(target_report)
     if planned is not None:
         tr = planned.traffic()
         report["modeled"] = {"traffic_mib": tr.traffic_bytes / MIB,
@@ -267,30 +319,32 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
                              "codec_items_m": tr.codec_items / 1e6,
                              "domains": len(planned.placement.plan.domains),
                              "codecs": len(planned.placement.plan.codecs)}
-    if envelopes:
-        report["ambiguous_codes"] = envelope_summary(envelopes)
+    if ref.ambiguous is not None:
+        report["ambiguous_codes"] = ref.ambiguous
+    return report
 
-    fallback = fp32_steps(eager)
-    steps_per_output = planned.output_steps(fallback) if planned is not None else fallback
+
+def write_artefacts(out_dir: str | Path, pte: bytes, arrays: dict[str, np.ndarray], report: dict[str, Any],
+                    files: dict[str, bytes]) -> None:
+    """model.pte, reference_io.npz, report.json and `files` into `out_dir`: written to
+    a temporary directory first and moved in only when complete, so a failure
+    leaves no partial artefact."""
+    out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
     try:
         (tmp / PTE).write_bytes(pte)
-        for name, data in lowered.files.items():
+        for name, data in files.items():
             (tmp / name).write_bytes(data)
-        np.savez(tmp / REFERENCE_IO, **reference_io(loaded.inputs, eager, simulated, steps_per_output,
-                                                     sensitivity, held_out, sample_eager, sample_simulated),
-                 **envelope_arrays(envelopes))
+        np.savez(tmp / REFERENCE_IO, **arrays)
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
-        for name in (PTE, REFERENCE_IO, REPORT, *lowered.files):
+        for name in (PTE, REFERENCE_IO, REPORT, *files):
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # the simulation is bit-exact with the artefact (validate checks it), so its
-    # SQNR is the artefact's
-    warnings = sqnr_warnings([eager, *sample_eager], [simulated, *sample_simulated])
-    return CompileResult(out, report, tuple(lowered.files), warnings)
+
+
 
 
 def backend_id(spec: CodecSpec) -> str:

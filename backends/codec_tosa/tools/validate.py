@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
+from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, TOSA_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
@@ -480,7 +480,11 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     ids = [d.backend_id for d in every]
     vgf = BACKEND_ID not in ids and VGF_BACKEND_ID in ids
     ethos_u = BACKEND_ID not in ids and not vgf and ETHOS_U_BACKEND_ID in ids
-    backend_id = VGF_BACKEND_ID if vgf else ETHOS_U_BACKEND_ID if ethos_u else BACKEND_ID
+    # Arm's stock TOSABackend (a CodecQuantizer program lowered with TOSAPartitioner)
+    # holds a TOSA flatbuffer too; this runtime runs it as ours
+    stock_tosa = BACKEND_ID not in ids and not (vgf or ethos_u) and TOSA_BACKEND_ID in ids
+    backend_id = (VGF_BACKEND_ID if vgf else ETHOS_U_BACKEND_ID if ethos_u
+                  else TOSA_BACKEND_ID if stock_tosa else BACKEND_ID)
     ours = [d for d in every if d.backend_id == backend_id]
     if not ours:
         raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
@@ -556,6 +560,11 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
         stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()
                                                   if d.tosa is not None}, pte)
         runner = _ExecuTorchRunner(stand_in, pte, wirings, by_index)
+    elif stock_tosa:
+        notes.append(f"the {TOSA_BACKEND_ID} delegates ran on codec_tosa's runtime backend (the TOSA "
+                     "reference model), which this ExecuTorch runtime has in place of Arm's")
+        relabelled = with_delegates_replaced(data, {i: (BACKEND_ID, d.payload) for i, d in by_index.items()}, pte)
+        runner = _ExecuTorchRunner(relabelled, pte, wirings, by_index)
     else:
         runner = _ExecuTorchRunner(data, pte, wirings, by_index)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 def read_vela_summary(directory: str | Path) -> dict[str, Any]:
@@ -40,10 +40,11 @@ def vela_operator_counts(log: str) -> dict[str, int]:
     return counts
 
 
-def vela_report(runs: list[dict[str, Any]], cpu_ops_outside: int) -> dict[str, Any]:
-    """report.json's ``vela`` object, summed over Ethos-U delegates. `cpu_ops`
-    counts what Vela left to the CPU inside delegates plus the program's CPU
-    operators outside them (`cpu_ops_outside`, e.g. the input quantize)."""
+def vela_report(runs: list[dict[str, Any]], program_cpu_ops: Sequence[str] = ()) -> dict[str, Any]:
+    """report.json's ``vela`` object, summed over Ethos-U delegates. `cpu_ops` is
+    Vela's own count of the operators it left to the CPU inside the delegates
+    (what ``vela --show-cpu-operations`` says); `program_cpu_ops` names the
+    program's operators outside them (the input quantize, the output dequantize)."""
     def total(key: str) -> float:
         return sum(float(r["summary"].get(key, 0) or 0) for r in runs)
 
@@ -57,7 +58,8 @@ def vela_report(runs: list[dict[str, Any]], cpu_ops_outside: int) -> dict[str, A
         "sram_traffic_bytes": int(total("sram_total_bytes")),
         "off_chip_bytes": int(total("dram_total_bytes") + total("off_chip_flash_total_bytes")),
         "npu_ops": sum(r["operators"].get("npu_ops", 0) for r in runs),
-        "cpu_ops": sum(r["operators"].get("cpu_ops", 0) for r in runs) + cpu_ops_outside,
+        "cpu_ops": sum(r["operators"].get("cpu_ops", 0) for r in runs),
+        "program_cpu_ops": sorted(program_cpu_ops),
         "accelerator": runs[0]["summary"].get("accelerator_configuration") if runs else None,
         "system_config": runs[0]["summary"].get("system_config") if runs else None,
         "memory_mode": runs[0]["summary"].get("memory_mode") if runs else None,

@@ -1,0 +1,134 @@
+"""PT2E observers that learn our codecs' parameters (docs/DESIGN.md, "The plan as a PT2E quantizer").
+
+`CodecQuantizer` gives every domain one observer, shared by all of the
+domain's ports (a `SharedQuantizationSpec` rooted at its absolute
+dominator), and every offline-encoded weight one of its own. They compute
+exactly what `calibration.learn_thetas` and the materialisation compute, so
+the quantizer and the partitioner give the same codes:
+
+* `DomainObserver`: the domain's range, as `minmax` or as torchao's
+  `HistogramObserver` picks it (`calibration.HISTOGRAM`), then the codec's
+  theta (`Int8Affine.learn`: range widened to contain 0, near-symmetric zero
+  points). PT2E calls a shared observer at every port of its group, so a
+  domain whose theta the plan learns after a clamp (`placement/plan.py`)
+  clips what it sees to that clamp's bounds: every tensor of the domain
+  reaches its readers through the clamp, so the clipped data is the data the
+  plan observes.
+* `WeightObserver`: symmetric INT8 per output channel (`Int8Affine.learn_weight`).
+* `bias_qparams`: an INT8 convolution's int32 bias codes at ``s_in * s_w[c]``.
+
+Scales are returned as float64 tensors: torchao's convert writes
+``float(scale)`` into the graph, so the double the codec computed survives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torchao.quantization.pt2e import HistogramObserver
+from torchao.quantization.pt2e.observer import ObserverBase
+
+from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX
+from codec_tosa.codecs.base import Theta
+from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX, INT32_QMIN, QMAX, QMIN, SYMMETRIC_CODEC
+
+
+class DomainObserver(ObserverBase):
+    """One domain's range and theta. `clip` is the (lo, hi) of the clamps the plan
+    learns the domain's theta after (None: no clamp)."""
+
+    def __init__(self, dtype: torch.dtype = torch.int8, observer: str = MINMAX, symmetric: bool = False,
+                 clip: tuple[float, float] | None = None, label: str = "", **_: Any) -> None:
+        super().__init__(dtype=dtype)
+        if observer not in (MINMAX, HISTOGRAM):
+            raise ValueError(f"unknown observer {observer!r}")
+        self.qscheme = torch.per_tensor_affine
+        self.quant_min, self.quant_max = QMIN, QMAX
+        self.observer = observer
+        self.symmetric = symmetric
+        self.clip = clip
+        self.label = label  # the domain and its dominator, for error messages
+        self.register_buffer("min_val", torch.tensor(math.inf, dtype=torch.float64))
+        self.register_buffer("max_val", torch.tensor(-math.inf, dtype=torch.float64))
+        self.histogram = (HistogramObserver(dtype=torch.int8, quant_min=QMIN, quant_max=QMAX,
+                                            qscheme=torch.per_tensor_affine, eps=HISTOGRAM_EPS)
+                          if observer == HISTOGRAM else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return x  # an empty tensor has no range
+        seen = x.detach().float()
+        if self.clip is not None:
+            seen = torch.clamp(seen, *self.clip)
+        lo, hi = float(seen.min()), float(seen.max())
+        self.min_val.fill_(min(lo, float(self.min_val)))
+        self.max_val.fill_(max(hi, float(self.max_val)))
+        if self.histogram is not None and math.isfinite(lo) and math.isfinite(hi):
+            self.histogram(seen)
+        return x
+
+    def theta(self) -> Theta:
+        """The codec's parameters for what was observed."""
+        lo, hi = float(self.min_val), float(self.max_val)
+        if not math.isfinite(lo) and not math.isfinite(hi) and lo > hi:
+            lo = hi = 0.0  # nothing observed (empty tensors only): any scale codes it
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"domain {self.label}: calibration produced a non-finite range [{lo}, {hi}]")
+        if self.histogram is not None and self.histogram.histogram.sum() > 0:
+            scale, zero_point = self.histogram.calculate_qparams()
+            s, z = float(scale), int(zero_point)
+            lo, hi = (QMIN - z) * s, (QMAX - z) * s
+        codec = SYMMETRIC_CODEC if self.symmetric else DEFAULT_CODEC
+        return codec.learn(lo, hi)
+
+    def calculate_qparams(self, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.theta()
+        return (torch.tensor([t.scale], dtype=torch.float64), torch.tensor([t.zero_point], dtype=torch.int32))
+
+    def extra_repr(self) -> str:
+        return f"{self.label} {self.observer} clip={self.clip}"
+
+
+class WeightObserver(ObserverBase):
+    """Symmetric INT8 weight scales, one per channel along `ch_axis` (None: one per tensor)."""
+
+    def __init__(self, dtype: torch.dtype = torch.int8, ch_axis: int | None = 0, **_: Any) -> None:
+        super().__init__(dtype=dtype)
+        self.ch_axis = ch_axis
+        self.qscheme = torch.per_channel_symmetric if ch_axis is not None else torch.per_tensor_symmetric
+        self.quant_min, self.quant_max = -QMAX, QMAX
+        self.weight: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.weight = x.detach()  # a constant: the last one seen is the one
+        return x
+
+    def scales(self) -> torch.Tensor:
+        if self.weight is None:
+            raise ValueError("weight observer: the weight was never observed (run calibration first)")
+        if self.ch_axis is None:
+            return DEFAULT_CODEC.learn_weight(self.weight.reshape(1, -1), axis=0).scales
+        return DEFAULT_CODEC.learn_weight(self.weight, axis=self.ch_axis).scales
+
+    def calculate_qparams(self, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        scales = self.scales()
+        zero_points = torch.zeros(len(scales), dtype=torch.int32)
+        if self.ch_axis is None:
+            return scales[:1].double(), zero_points[:1]
+        return scales, zero_points
+
+
+def bias_qparams(observers: list[ObserverBase]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``derive_qparams_fn`` of a bias: int32 codes at s_in * s_w[c] (zero point 0),
+    computed as the materialisation computes them (a float32 product)."""
+    activation, weight = observers
+    s_in = activation.theta().scale if isinstance(activation, DomainObserver) \
+        else float(activation.calculate_qparams()[0])
+    w = weight.scales() if isinstance(weight, WeightObserver) else weight.calculate_qparams()[0].float()
+    scales = (s_in * w).float()
+    return scales, torch.zeros(len(scales), dtype=torch.int32)
+
+
+__all__ = ["DomainObserver", "INT32_QMAX", "INT32_QMIN", "WeightObserver", "bias_qparams"]

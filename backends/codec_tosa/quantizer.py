@@ -1,0 +1,522 @@
+"""CodecQuantizer: the codec plan as a PT2E quantizer (docs/DESIGN.md, "The plan as a PT2E quantizer").
+
+Arm's documented integer flow is PT2E: ``prepare_pt2e(exported.module(),
+quantizer)``, calibrate, ``convert_pt2e``, export, and lower with a stock
+partitioner (`TOSAPartitioner` at TOSA-1.0+INT, `EthosUPartitioner`,
+`VgfPartitioner`). `CodecQuantizer` is the one line a user swaps in: its
+annotations *are* the plan.
+
+* `transform_for_annotation` is Arm's, so the graph is decomposed exactly as
+  Arm's INT flow decomposes it (softmax, layer norm, means, ...).
+* `annotate` asks Arm's own quantizer, on a copy, which operators Arm's INT
+  flow takes: the others stay FP32 (plain ports). On the graph as it is, the
+  placement (`codec_tosa.placement.place`, the same core the partitioner
+  uses) places the domains, from our commutation table's rows; at the
+  integer policy an operator Arm takes that the table has no integer row
+  for keeps Arm's own annotation of its ports (`_derived_rows`).
+* Each domain becomes one sharing group, whose one observer is our codec's
+  (`observers.DomainObserver`) and sees every tensor of the domain: a
+  `QuantizationSpec` at the domain's first port, a `SharedQuantizationSpec`
+  of it at every other. A port of another domain reading the value is a transcode (PT2E
+  gives it an observer of its own: ``q_s dq_s q_d dq_d``, one RESCALE); a
+  plain reader reads the dequantize (a decode). Weights are encoded as the
+  plan encodes them (`observers.WeightObserver`), biases as int32 codes at
+  ``s_in * s_w`` (`observers.bias_qparams`).
+* Implicit sharing is off: PT2E would otherwise merge a transcode into the
+  producer's group, because both quantize "the same tensor".
+* A relu or relu6 right after a convolution or linear is annotated as Arm
+  annotates it (nothing quantized between them), so Arm's
+  FuseQuantizedActivationPass folds it (the table's `fuses_activation`).
+
+After calibration, `planned(program)` is the plan's record
+(`planning.PlannedProgram`, thetas read off the observers) for the
+simulation, `codec-tosa validate` and `codec_tosa.save`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.fx
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantizer import (
+    DerivedQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    Quantizer,
+    SharedQuantizationSpec,
+)
+from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+from codec_tosa import arm_adapter
+from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
+from codec_tosa.codecs.base import Theta
+from codec_tosa.commutation.table import CLAMPING_TARGETS, OUT, CommutationTable, Row
+from codec_tosa.graph import CONSTANT, PortGraph
+from codec_tosa.observers import INT32_QMAX, INT32_QMIN, DomainObserver, WeightObserver, bias_qparams
+from codec_tosa.placement import Placement, place
+from codec_tosa.placement.plan import Domain
+from codec_tosa.placement.semantics import CODE, WEIGHT
+from codec_tosa.planning import PlannedProgram
+from codec_tosa.spec import CodecSpec
+
+EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
+_Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
+
+_QMIN, _QMAX = -128, 127
+
+
+@dataclass
+class _Annotated:
+    """What `annotate` decided, kept to read thetas after calibration."""
+
+    graph: PortGraph
+    placement: Placement
+    roots: dict[int, _Key]  # domain -> the port holding its QuantizationSpec (its observer)
+    fp32: torch.fx.GraphModule  # the graph as annotated, before observers (for `converted`)
+    derived: tuple[str, ...] = ()  # targets whose rows come from Arm's annotation
+
+
+class CodecQuantizer(Quantizer):
+    """A PT2E quantizer whose annotations are the codec plan of `spec` (default policy I).
+
+    Use it where Arm's flow uses `TOSAQuantizer` or `EthosUQuantizer`::
+
+        quantizer = CodecQuantizer(CodecSpec(policy="I", target="ethos-u55-128"))
+        prepared = prepare_pt2e(torch.export.export(model, x).module(check_guards=False), quantizer)
+        for batch in calibration: prepared(*batch)
+        ep = torch.export.export(convert_pt2e(prepared), x)
+        to_edge_transform_and_lower(ep, partitioner=[EthosUPartitioner(EthosUCompileSpec("ethos-u55-128"))])
+    """
+
+    def __init__(self, spec: CodecSpec | None = None) -> None:
+        super().__init__()
+        self.spec = spec or CodecSpec(policy="I")
+        self._arm = arm_adapter.arm_quantizer(self.spec.tosa_spec,
+                                              self.spec.target if self.spec.ethos_u else None)
+        self._annotated: _Annotated | None = None
+        self._observers: dict[_Key, Any] = {}  # PT2E's observer of each annotated edge and node
+        self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
+        arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind an Ethos-U payload
+
+    # ---- Quantizer interface ---------------------------------------------
+    def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        if self._reuse is not None:
+            return model  # `converted` re-prepares a graph that is transformed already
+        return self._arm.transform_for_annotation(model)
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        _constants_typed(model)
+        fp32 = copy.deepcopy(model)
+        arm = _arm_annotations(self._arm, model)
+        graph = PortGraph.from_fx(model)
+        table, derived = self._table(graph, arm)
+        plain = [op for op in range(graph.num_ops) if _stays_fp32(graph, op, table, arm)]
+        placement = place(graph, table, self.spec.policy, self.spec.placement,
+                          fused_transcode=self.spec.fused_transcode, plain_ops=plain)
+        roots = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived)).write()
+        self._annotated = _Annotated(graph, placement, roots, fp32, derived)
+        return model
+
+    def validate(self, model: torch.fx.GraphModule) -> None:
+        return None
+
+    def prepare_obs_or_fq_callback(self, model: torch.fx.GraphModule,
+                                   edge_or_node_to_obs_or_fq: dict[EdgeOrNode, Any]) -> None:
+        for k in list(edge_or_node_to_obs_or_fq):
+            key = _key(k)
+            if self._reuse is not None and key in self._reuse:
+                edge_or_node_to_obs_or_fq[k] = self._reuse[key]
+            self._observers[key] = edge_or_node_to_obs_or_fq[k]
+
+    # ---- after calibration ------------------------------------------------
+    @property
+    def derived_rows(self) -> tuple[str, ...]:
+        """The operators whose integer row is Arm's annotation of them (no table row)."""
+        return self._require().derived
+
+    def thetas(self) -> dict[int, Theta]:
+        """Each domain's theta, as its observer learned it from the calibration it saw."""
+        a = self._require()
+        out: dict[int, Theta] = {}
+        for d, key in a.roots.items():
+            obs = self._observers.get(key)
+            if obs is None:
+                raise ValueError(f"CodecQuantizer: domain {d} has no observer; run prepare_pt2e first")
+            out[d] = obs.theta()
+        return out
+
+    def fp32_module(self) -> torch.fx.GraphModule:
+        """The FP32 graph as this quantizer annotated it (batch norms folded, Arm's
+        decompositions applied): what the quantized module approximates."""
+        return copy.deepcopy(self._require().fp32)
+
+    def converted(self) -> torch.fx.GraphModule:
+        """The quantized module `convert_pt2e` makes of the calibrated model: the graph
+        this quantizer annotated, prepared again with the calibrated observers, converted."""
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        a = self._require()
+        replay = copy.copy(self)  # annotates the copy as this one did, with these observers
+        replay._reuse, replay._observers = dict(self._observers), {}
+        return convert_pt2e(prepare_pt2e(copy.deepcopy(a.fp32), replay))
+
+    def planned(self, quantized: ExportedProgram, partitioner: Partitioner) -> PlannedProgram:
+        """The plan's record for the simulation: its materialised program is the edge
+        program `partitioner` tags when `quantized` (the exported converted module)
+        is lowered with it, decomposed exactly as that lowering decomposes it."""
+        a = self._require()
+        return PlannedProgram(self.spec, a.graph, a.placement, self.thetas(), None,
+                              _materialized=edge_program(quantized, partitioner))
+
+    def _require(self) -> _Annotated:
+        if self._annotated is None:
+            raise ValueError("CodecQuantizer: nothing annotated yet; pass it to prepare_pt2e first")
+        return self._annotated
+
+    # ---- the table at this graph -----------------------------------------
+    def _table(self, graph: PortGraph, arm: Mapping[str, QuantizationAnnotation]
+               ) -> tuple[CommutationTable, tuple[str, ...]]:
+        """The spec's table; at an integer-only policy plus a row per operator Arm's
+        INT flow takes that the table has no integer row for, from Arm's annotation."""
+        base = self.spec.commutation_table
+        if not self.spec.integer_only:
+            return base, ()
+        rows = dict(base.rows)
+        derived: list[str] = []
+        for op in range(graph.num_ops):
+            node, target = graph.fx_op_node[op], graph.op_target[op]
+            if node is None or node.name not in arm or target in derived:
+                continue
+            row = base.lookup(target)
+            if row is not None and row.policy is not None and base.order.selects(self.spec.policy, row.policy):
+                continue
+            derived_row = _derived_row(graph, op, arm[node.name], self.spec.policy)
+            if derived_row is not None:
+                rows[target] = derived_row
+                derived.append(target)
+        return CommutationTable(rows, base.order), tuple(derived)
+
+
+def edge_program(program: ExportedProgram, partitioner: Partitioner) -> ExportedProgram:
+    """`program` as `to_edge_transform_and_lower(program, [partitioner])` hands it to
+    the partitioner (its pre-decomposition transforms and the operators it keeps
+    whole), with nothing delegated and real constants."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    class Decomposing(Partitioner):
+        def __init__(self) -> None:
+            super().__init__()
+
+        def transform_for_pre_decomposition(self, ep: ExportedProgram) -> ExportedProgram:
+            return partitioner.transform_for_pre_decomposition(ep)
+
+        def ops_to_not_decompose(self, ep: ExportedProgram) -> Any:
+            return partitioner.ops_to_not_decompose(ep)
+
+        def partition(self, ep: ExportedProgram) -> PartitionResult:
+            return PartitionResult(tagged_exported_program=ep, partition_tags={})
+
+    edge = to_edge_transform_and_lower(copy.deepcopy(program), partitioner=[Decomposing()])
+    return edge.exported_program()
+
+
+def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy: str) -> Row | None:
+    """A row for an operator the table has no integer variant of, from how Arm's
+    quantizer annotates it: the ports it quantizes are encoded, constants it
+    quantizes are weights (their qspecs stay Arm's), and an output whose qspec is
+    shared with an input shares that input's domain."""
+    by_node = {graph.fx_value_node[graph.in_value[p]]: p for p in graph.op_in[op]}
+    encoded: list[str] = []
+    weights: list[str] = []
+    for arg, qspec in ann.input_qspec_map.items():
+        p = by_node.get(arg)
+        if p is None or qspec is None:
+            continue
+        name = graph.in_arg[p]
+        encoded.append(name)
+        if graph.val_kind[graph.in_value[p]] == CONSTANT:
+            weights.append(name)
+    blocks: list[tuple[str, ...]] = []
+    if ann.output_qspec is not None:
+        encoded.append(OUT)
+        shared = ann.output_qspec
+        if isinstance(shared, SharedQuantizationSpec):
+            src = shared.edge_or_node[0] if isinstance(shared.edge_or_node, tuple) else shared.edge_or_node
+            p = by_node.get(src)
+            if p is not None and graph.in_arg[p] in encoded and graph.in_arg[p] not in weights:
+                blocks.append((graph.in_arg[p], OUT))
+    if not encoded:
+        return None
+    return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), tuple(blocks),
+               tuple(dict.fromkeys(weights)))
+
+
+def _constants_typed(model: torch.fx.GraphModule) -> None:
+    """Give a constant (get_attr) node whose meta["val"] is missing or has a symbolic
+    shape (some that Arm's annotation transforms create) a FakeTensor of the tensor it
+    reads. Arm's quantizer checks operands' FakeTensors, so the others stay as they are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode: FakeTensorMode | None = None
+    for node in model.graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "get_attr" or (isinstance(val, torch.Tensor)
+                                     and not any(isinstance(d, torch.SymInt) for d in val.shape)):
+            continue
+        value: Any = model
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, torch.Tensor):
+            mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
+            node.meta["val"] = mode.from_tensor(value)
+
+
+def _stays_fp32(graph: PortGraph, op: int, table: CommutationTable,
+                arm: Mapping[str, QuantizationAnnotation]) -> bool:
+    """Whether the operator's ports are plain: Arm's INT flow leaves it FP32 on the
+    CPU (Arm's quantizer does not annotate it; an operator that only moves codes,
+    such as `narrow`, which Arm's quantizer skips but its partitioner lowers on
+    INT8 like any slice, excepted), or its row says Arm cannot take it encoded."""
+    node = graph.fx_op_node[op]
+    row = table.lookup(graph.op_target[op])
+    if node is None or (node.name not in arm and not (row is not None and row.moves_codes)):
+        return True
+    return row is not None and row.int8_refusal(lambda name: graph.op_argument(op, name)) is not None
+
+
+def _arm_annotations(arm_quantizer: Any, model: torch.fx.GraphModule) -> dict[str, QuantizationAnnotation]:
+    """How Arm's quantizer annotates each operator of `model` (on a copy, remapped
+    onto `model`'s nodes): the operators Arm's INT flow takes, and their qspecs."""
+    probe = copy.deepcopy(model)
+    arm_quantizer.annotate(probe)
+    nodes = {n.name: n for n in model.graph.nodes}
+    out: dict[str, QuantizationAnnotation] = {}
+    for n in probe.graph.nodes:
+        ann = n.meta.get(Q_ANNOTATION_KEY)
+        if n.op != "call_function" or ann is None:
+            continue
+        out[n.name] = QuantizationAnnotation(
+            input_qspec_map={nodes[a.name]: _remap(q, nodes) for a, q in ann.input_qspec_map.items()},
+            output_qspec=_remap(ann.output_qspec, nodes), _annotated=True)
+    return out
+
+
+def _remap(qspec: QuantizationSpecBase | None, nodes: Mapping[str, torch.fx.Node]) -> Any:
+    def edge(e: EdgeOrNode) -> EdgeOrNode:
+        return (nodes[e[0].name], nodes[e[1].name]) if isinstance(e, tuple) else nodes[e.name]
+
+    if isinstance(qspec, SharedQuantizationSpec):
+        return SharedQuantizationSpec(edge(qspec.edge_or_node))
+    if isinstance(qspec, DerivedQuantizationSpec):
+        return DerivedQuantizationSpec(
+            derived_from=[edge(e) for e in qspec.derived_from], derive_qparams_fn=qspec.derive_qparams_fn,
+            dtype=qspec.dtype, quant_min=qspec.quant_min, quant_max=qspec.quant_max, qscheme=qspec.qscheme,
+            ch_axis=qspec.ch_axis, is_dynamic=qspec.is_dynamic)
+    return qspec
+
+
+def _key(edge_or_node: EdgeOrNode) -> _Key:
+    if isinstance(edge_or_node, tuple):
+        return (edge_or_node[0].name, edge_or_node[1].name)
+    return edge_or_node.name
+
+
+class _Annotator:
+    """Writes the placement as PT2E annotations on the FX nodes (module docstring)."""
+
+    def __init__(self, graph: PortGraph, placement: Placement, table: CommutationTable, spec: CodecSpec,
+                 arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str]) -> None:
+        self.g = graph
+        self.derived = derived  # targets whose rows (and constant qspecs) are Arm's
+        self.sem = placement.semantics
+        self.plan = placement.plan
+        self.table = table
+        self.spec = spec
+        self.arm = arm
+        self.fused = self._fused_activations()
+        # each domain's QuantizationSpec sits at its first annotated port: PT2E creates a
+        # sharing group's observer from the first member it visits (nodes in order, a
+        # node's input edges before its output), and a SharedQuantizationSpec may only
+        # name a member already visited. The group has one observer wherever it sits.
+        self.root: dict[int, EdgeOrNode] = {}
+        for d, where in self._positions():
+            self.root.setdefault(d, where)
+
+    def _positions(self) -> list[tuple[int, EdgeOrNode]]:
+        """Every (domain, edge or node) to annotate, in the order PT2E visits them."""
+        g, out = self.g, []
+        for op in range(g.num_ops):
+            node = g.fx_op_node[op]
+            if node is None:
+                continue
+            for p in g.op_in[op]:
+                arg = g.fx_value_node[g.in_value[p]]
+                if arg is not None and p not in self.fused and self.sem.in_sem[p] == CODE:
+                    out.append((self.plan.in_domain[p], (arg, node)))
+            for v in g.op_out[op]:
+                value_node = g.fx_value_node[v]
+                if self.sem.out_code[v] and value_node is not None and v not in self.fused_values:
+                    out.append((self.plan.value_domain[v], value_node))
+        return out
+
+    def write(self) -> dict[int, _Key]:
+        g = self.g
+        annotations: dict[torch.fx.Node, QuantizationAnnotation] = {}
+
+        def annotation(node: torch.fx.Node) -> QuantizationAnnotation:
+            if node not in annotations:
+                annotations[node] = QuantizationAnnotation(allow_implicit_sharing=False, _annotated=True)
+            return annotations[node]
+
+        for op in range(g.num_ops):
+            node = g.fx_op_node[op]
+            if node is None:
+                continue
+            row = self.table.lookup(g.op_target[op])
+            weight_edges: dict[str, torch.fx.Node] = {}
+            for p in g.op_in[op]:
+                arg = g.fx_value_node[g.in_value[p]]
+                if arg is None or p in self.fused:
+                    continue
+                if self.sem.in_sem[p] == CODE:
+                    annotation(node).input_qspec_map[arg] = self._spec(self.plan.in_domain[p], (arg, node))
+                elif self.sem.in_sem[p] == WEIGHT:
+                    annotation(node).input_qspec_map[arg] = self._weight_spec(op, arg, row)
+                    weight_edges[g.in_arg[p]] = arg
+            self._bias(op, node, row, weight_edges, annotation)
+            for v in g.op_out[op]:
+                out = g.fx_value_node[v]
+                if not self.sem.out_code[v] or out is None or v in self.fused_values:
+                    continue
+                annotation(out).output_qspec = self._spec(self.plan.value_domain[v], out)
+                if out is not node:
+                    annotation(node)  # a multi-output operator: its getitem carries the qspec
+        for node, ann in annotations.items():
+            node.meta[Q_ANNOTATION_KEY] = ann
+            # Arm folds q/dq only into operators its quantizer marked quantized
+            node.meta.setdefault("custom", {})[ARM_ANNOTATION_KEY] = {"quantized": True}
+        return {d: _key(e) for d, e in self.root.items()}
+
+    # ---- domains ----------------------------------------------------------
+    def _spec(self, d: int, here: EdgeOrNode) -> QuantizationSpecBase:
+        root = self.root[d]
+        if _key(here) != _key(root):
+            return SharedQuantizationSpec(root)
+        domain = self.plan.domains[d]
+        observer = DomainObserver.with_args(
+            observer=self.spec.observer, symmetric=self.spec.symmetric_activations,
+            clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
+        return QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=observer, quant_min=_QMIN,
+                                quant_max=_QMAX, qscheme=torch.per_tensor_affine)
+
+    def _clip(self, d: Domain) -> tuple[float, float] | None:
+        """The bounds of the clamps the plan learns `d`'s theta after, when it has
+        one dominator (placement/plan.py): every port of `d` upstream of them is
+        observed clipped to what they let through."""
+        if d.shared:
+            return None
+        g, x = self.g, d.observe
+        lo, hi = -math.inf, math.inf
+        clamped = False
+        while g.val_op[x] >= 0 and g.op_target[g.val_op[x]] in CLAMPING_TARGETS:
+            op = g.val_op[x]
+            port = g.op_in[op][0]
+            if self.plan.in_domain[port] != d.id:
+                break
+            a, b = _clamp_bounds(g, op)
+            lo, hi, clamped = max(lo, a), min(hi, b), True
+            x = g.in_value[port]
+        return (lo, hi) if clamped else None
+
+    # ---- fused activations -------------------------------------------------
+    def _fused_activations(self) -> set[int]:
+        """In-ports of relu/relu6 right after a convolution or linear whose output only
+        they read, in one domain: left unannotated, as Arm annotates the pair (its
+        FuseQuantizedActivationPass then folds the activation into the RESCALE).
+        `fused_values` gets the producers' outputs."""
+        g = self.g
+        ports: set[int] = set()
+        self.fused_values: set[int] = set()
+        for op in range(g.num_ops):
+            if g.op_target[op] not in CLAMPING_TARGETS or not _fusable(g, op):
+                continue
+            p = g.op_in[op][0]
+            x = g.in_value[p]
+            producer = g.val_op[x]
+            if producer < 0 or len(g.val_uses[x]) != 1 or self.sem.in_sem[p] != CODE:
+                continue
+            row = self.table.lookup(g.op_target[producer])
+            out = g.op_out[op][0]
+            d = self.plan.in_domain[p]
+            if row is None or not row.fuses_activation or self.plan.value_domain[x] != d \
+                    or self.plan.value_domain[out] != d:
+                continue
+            ports.add(p)
+            self.fused_values.add(x)
+        return ports
+
+    # ---- weights and biases -------------------------------------------------
+    def _weight_spec(self, op: int, arg: torch.fx.Node, row: Row | None) -> QuantizationSpecBase:
+        node = self.g.fx_op_node[op]
+        assert row is not None and node is not None
+        if row.target in self.derived:
+            # an operator whose row comes from Arm's annotation keeps Arm's weight qspec
+            return self.arm[node.name].input_qspec_map[arg]
+        axis = row.weight_axis
+        return QuantizationSpec(
+            dtype=torch.int8, observer_or_fake_quant_ctr=WeightObserver.with_args(ch_axis=axis),
+            quant_min=-_QMAX, quant_max=_QMAX,
+            qscheme=torch.per_channel_symmetric if axis is not None else torch.per_tensor_symmetric,
+            ch_axis=axis)
+
+    def _bias(self, op: int, node: torch.fx.Node, row: Row | None, weights: dict[str, torch.fx.Node],
+              annotation: Any) -> None:
+        """The int32 bias codes at s_in * s_w of an operator with an encoded weight."""
+        g = self.g
+        if row is None or row.bias is None or row.bias_scale_of is None or len(weights) != 1:
+            return
+        if row.target in self.derived:
+            kept = self.arm.get(node.name)
+            for arg, qspec in (kept.input_qspec_map.items() if kept else ()):
+                if isinstance(qspec, DerivedQuantizationSpec):
+                    annotation(node).input_qspec_map[arg] = qspec
+            return
+        bias = next((p for p in g.op_in[op] if g.in_arg[p] == row.bias), None)
+        act = next((p for p in g.op_in[op] if g.in_arg[p] == row.bias_scale_of), None)
+        if bias is None or act is None or self.sem.in_sem[act] != CODE:
+            return
+        bias_node = g.fx_value_node[g.in_value[bias]]
+        act_node = g.fx_value_node[g.in_value[act]]
+        (weight_node,) = weights.values()
+        annotation(node).input_qspec_map[bias_node] = DerivedQuantizationSpec(
+            derived_from=[(act_node, node), (weight_node, node)], derive_qparams_fn=bias_qparams,
+            dtype=torch.int32, quant_min=INT32_QMIN, quant_max=INT32_QMAX,
+            qscheme=torch.per_channel_symmetric, ch_axis=0)
+
+
+def _fusable(graph: PortGraph, op: int) -> bool:
+    """A relu, or a hardtanh from 0 (relu6): what Arm's FuseQuantizedActivationPass folds."""
+    target = graph.op_target[op]
+    if target.startswith("aten.relu"):
+        return True
+    return target.startswith("aten.hardtanh") and float(graph.op_argument(op, "min_val")) == 0.0
+
+
+def _clamp_bounds(graph: PortGraph, op: int) -> tuple[float, float]:
+    target = graph.op_target[op]
+    if target.startswith("aten.relu"):
+        return 0.0, math.inf
+    if target.startswith("aten.hardtanh"):
+        return float(graph.op_argument(op, "min_val")), float(graph.op_argument(op, "max_val"))
+    lo, hi = graph.op_argument(op, "min"), graph.op_argument(op, "max")
+    return (-math.inf if lo is None else float(lo)), (math.inf if hi is None else float(hi))
+
+
+__all__ = ["CodecQuantizer"]

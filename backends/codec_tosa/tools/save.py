@@ -1,0 +1,84 @@
+"""`codec_tosa.save`: a program lowered through the Python API, with what validate needs.
+
+`codec-tosa compile` writes model.pte, reference_io.npz (the plan's reference
+inputs and outputs) and report.json; a user who lowers with the public API
+(`CodecTosaPartitioner`, or `CodecQuantizer` and a stock partitioner) gets only
+the program. `save` writes the same three files for it, from the partitioner
+or quantizer that made it, and for a VgfBackend or EthosUBackend delegate the
+TOSA it was compiled from (model.tosa; the payload holds only the VGF or Vela's
+command stream), so that `codec-tosa validate` can check it to a PASS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from codec_tosa.tools.artefacts import delegate_file
+from codec_tosa.tools.samples import DEFAULT_SAMPLES, inputs_for_specs
+
+
+def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_SAMPLES,
+         inputs: Sequence[Sequence[torch.Tensor]] | None = None, model: Any = None) -> Path:
+    """Write `program` (an ExecuTorch program manager, or .pte bytes) to
+    ``path/model.pte`` with ``reference_io.npz`` and ``report.json`` beside it.
+
+    `source` is what planned it: the `CodecTosaPartitioner` it was lowered with,
+    or the calibrated `CodecQuantizer` it was quantized with (whose spec names
+    the target). `inputs` are input tuples to check on (the first is the
+    example; default: the example and `samples` seeded held-out inputs drawn
+    like calibration's). `model` is the FP32 model the outputs are compared with
+    (default: the program as planned, before quantization). Returns the .pte's
+    path.
+    """
+    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.quantizer import CodecQuantizer
+    from codec_tosa.runtime.pte import inspect_pte
+    from codec_tosa.tools.compiler import build_report, reference_stage, write_artefacts
+
+    pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
+    info = inspect_pte(pte)
+    cases = [tuple(c) for c in inputs] if inputs else inputs_for_specs(info.input_specs, 1 + samples)
+    if isinstance(source, CodecQuantizer):
+        spec = source.spec
+        quantized = torch.export.export(source.converted(), cases[0])
+        planned = source.planned(quantized, CodecTosaPartitioner(spec))
+        fp32 = model if model is not None else source.fp32_module()
+    elif isinstance(source, CodecTosaPartitioner):
+        spec, planned = source.codec_spec, source.planned
+        if planned is None:
+            raise ValueError("codec_tosa.save: the partitioner planned nothing yet; lower the program "
+                             "with it (to_edge_transform_and_lower) first")
+        assert planned.program is not None
+        fp32 = model if model is not None else planned.program.module()
+    else:
+        raise TypeError(f"codec_tosa.save: source must be the CodecTosaPartitioner or CodecQuantizer "
+                        f"the program was made with, not {type(source).__name__}")
+    ref = reference_stage(planned, fp32, cases[0], cases[1:], spec)
+    report = build_report("python", spec, pte, planned, {}, {}, ref)
+    write_artefacts(path, pte, ref.arrays, report, _delegate_tosa(pte))
+    return Path(path) / "model.pte"
+
+
+def _delegate_tosa(pte: bytes) -> dict[str, bytes]:
+    """model.tosa (model_1.tosa, ...) for each VgfBackend or EthosUBackend delegate:
+    the TOSA this process compiled it from (`arm_adapter.tosa_of_payload`)."""
+    from codec_tosa import arm_adapter
+    from codec_tosa.runtime.pte import delegates
+
+    files: dict[str, bytes] = {}
+    compiled = [d for d in delegates(pte)
+                if d.backend_id in (arm_adapter.VGF_BACKEND_ID, arm_adapter.ETHOS_U_BACKEND_ID)]
+    for k, d in enumerate(compiled):
+        tosa = arm_adapter.tosa_of_payload(d.payload)
+        if tosa is None:
+            raise ValueError(f"codec_tosa.save: delegate {d.index} ({d.backend_id}) was not lowered in "
+                             "this process, so the TOSA it was compiled from is unknown; save the "
+                             "program right after lowering it")
+        files[delegate_file(k, "tosa")] = tosa
+    return files
+
+
+__all__ = ["save"]

@@ -1,0 +1,36 @@
+"""No combination of policy and target gives a program without the delegate it asked
+for: the partitioner serves what it is given or refuses in one line (issue 21)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import to_edge_transform_and_lower
+
+from codec_tosa import CodecSpec, CodecTosaPartitioner
+
+
+class _ConvReluConv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("target", ["tosa", "ethos-u55-128"])
+def test_an_integer_spec_on_an_unquantized_program_names_the_quantizer_recipe(target: str) -> None:
+    x = (torch.randn(1, 3, 8, 8),)
+    ep = torch.export.export(_ConvReluConv().eval(), x)
+    with pytest.raises(ValueError) as caught:
+        to_edge_transform_and_lower(ep, partitioner=[CodecTosaPartitioner(CodecSpec(policy="I", target=target))])
+    message = str(caught.value)
+    assert "\n" not in message and "CodecQuantizer" in message and "not quantized" in message
+
+
+def test_specs_no_partitioner_can_serve_are_refused_when_made() -> None:
+    with pytest.raises(ValueError, match="--target vgf takes the TOSA-1.0\\+INT\\+FP and \\+FP policies"):
+        CodecSpec(policy="I", target="vgf")
+    with pytest.raises(ValueError, match="needs --policy I"):
+        CodecSpec(policy="W", target="ethos-u85-256")
