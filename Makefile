@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all demo fuzz clean
+.PHONY: setup test test-all demo fuzz peer clean
 
 # Debian packages the VGF target needs (lavapipe and the Vulkan loader)
 APT_PACKAGES := mesa-vulkan-drivers libvulkan1
@@ -49,6 +49,13 @@ fuzz: $(STAMP)
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for f in fuzz-*.log; do echo "$$f: $$(tail -n 1 $$f)"; done; \
 	$(PY) benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/fuzz.json; exit $$rc
+
+# Arm's own operator tests as our robustness suite (tests/peer): every case at W
+# and I against the stock verdicts in tests/peer/stock_baseline.json (hours;
+# PEER_ARGS="--per-operator 1" for one case per operator, about an hour)
+PEER_ARGS ?= --all
+peer: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/peer.py $(PEER_ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/codec-tosa demo

@@ -124,9 +124,9 @@ def export(module: torch.nn.Module, inputs: Inputs) -> ExportedProgram:
 
 
 def as_list(out: Any) -> list[torch.Tensor]:
-    from codec_tosa.tools.compiler import _as_list
+    from codec_tosa.pytrees import tensor_leaves
 
-    return [t.detach() for t in _as_list(out)]
+    return [t.detach() for t in tensor_leaves(out)]
 
 
 # --------------------------------------------------------------------------- lowering
@@ -358,7 +358,7 @@ def run_ours(model: str, placement: str, module: torch.nn.Module, inputs: Inputs
     from codec_tosa.partitioner import CodecTosaPartitioner
     from codec_tosa.simulation import simulate
     from codec_tosa.spec import CodecSpec
-    from codec_tosa.tools.compiler import fp32_steps
+    from codec_tosa.tools.reference_io import fp32_steps
 
     spec = CodecSpec(policy=POLICY, placement=placement)
     part = CodecTosaPartitioner(spec, calibration=calibration)

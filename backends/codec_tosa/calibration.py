@@ -21,6 +21,7 @@ from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, QMAX, QMIN, Int8Affine
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement.plan import Plan
+from codec_tosa.pytrees import leaves, map_tensors
 
 
 class CalibrationError(ValueError):
@@ -31,10 +32,12 @@ def lifted_args(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor],
                 real_state: Mapping[str, torch.Tensor] | None = None) -> list[Any]:
     """Placeholder values of `ep.graph_module` in order: parameters, buffers, constants, inputs.
 
-    `real_state` replaces state-dict entries that are FakeTensors (see the partitioner).
+    `user_inputs` may be nested as the model takes them; the program's placeholders
+    are their leaves. `real_state` replaces state-dict entries that are FakeTensors
+    (see the partitioner).
     """
     args: list[Any] = []
-    users = iter(user_inputs)
+    users = iter(leaves(tuple(user_inputs)))
     for spec in ep.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             args.append(next(users))
@@ -51,19 +54,24 @@ def lifted_args(ep: ExportedProgram, user_inputs: Sequence[torch.Tensor],
     return args
 
 
-def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[torch.Tensor]]) -> None:
+def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[Any]]) -> list[list[torch.Tensor]]:
+    """Each calibration entry's tensors as the program takes them (its pytree leaves,
+    `pytrees.leaves`); refuses entries that do not fit the program, in one line."""
     if not calibration:
         raise CalibrationError("calibration: no input tuples given")
     expected = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
                 and n.name in ep.graph_signature.user_inputs]
-    for i, inputs in enumerate(calibration):
-        if isinstance(inputs, torch.Tensor) or not isinstance(inputs, (tuple, list)):
+    flat: list[list[torch.Tensor]] = []
+    for i, entry in enumerate(calibration):
+        if isinstance(entry, torch.Tensor) or not isinstance(entry, (tuple, list)):
             # a bare tensor would be read as a sequence of its first dimension's slices
-            got = f"a tensor of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) \
-                else type(inputs).__name__
+            got = f"a tensor of shape {tuple(entry.shape)}" if isinstance(entry, torch.Tensor) \
+                else type(entry).__name__
             raise CalibrationError(
                 f"calibration input {i} is {got}: each entry must be a tuple of tensors, one per "
-                f"program input (e.g. calibration=[(x,), (y,)]; the program takes {len(expected)})")
+                f"program input, nested as the model takes them (e.g. calibration=[(x,), (y,)]; the "
+                f"program takes {len(expected)})")
+        inputs = leaves(tuple(entry))
         if len(inputs) != len(expected):
             raise CalibrationError(
                 f"calibration input {i}: {len(inputs)} tensors, the program takes {len(expected)}")
@@ -72,6 +80,8 @@ def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[torch.
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise CalibrationError(
                     f"calibration input {i}, tensor {k}: shape {got}, expected {tuple(fake.shape)}")
+        flat.append(inputs)
+    return flat
 
 
 MINMAX = "minmax"
@@ -135,7 +145,7 @@ def learn_thetas(
         raise CalibrationError(f"unknown observer {observer!r}: expected one of {', '.join(OBSERVERS)}")
     if not plan.domains:
         return {}
-    check_calibration(ep, calibration)
+    flat = check_calibration(ep, calibration)
     learned = plan.domains
     where: dict[int, list[str]] = {}
     for d in learned:
@@ -154,7 +164,7 @@ def learn_thetas(
     # to_edge_transform_and_lower partitions under an active FakeTensorMode;
     # calibration needs real numbers
     with torch.no_grad(), unset_fake_temporarily():
-        for inputs in calibration:
+        for inputs in flat:
             ranges.run(*lifted_args(ep, inputs, real_state))
     thetas: dict[int, Theta] = {}
     for d in learned:
@@ -171,12 +181,25 @@ def learn_thetas(
     return thetas
 
 
-def random_calibration(example_inputs: Sequence[torch.Tensor], n: int = 4, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
-    """Seeded random inputs shaped like the examples (used when the user gives none)."""
+def random_calibration(example_inputs: Sequence[Any], n: int = 4, seed: int = 0) -> list[tuple[Any, ...]]:
+    """`n` seeded random input tuples drawn like `example_inputs` (used when the
+    user gives no calibration data; validation draws its held-out samples the
+    same way with another seed), nested like them (tuples, lists, dicts):
+
+    * a floating-point tensor whose example spans at least [-1, 1] is standard
+      normal; one that does not (non-negative inputs of a sqrt, [-1, 1) inputs
+      of an acos, images in [0, 1]) is uniform over the example's own range, so
+      that an operator with a domain gets inputs inside it;
+    * any other tensor (indices, masks, counts) is the example's, whose valid
+      values are not known."""
     gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        out.append(tuple(
-            torch.randn(t.shape, generator=gen, dtype=t.dtype) if t.dtype.is_floating_point
-            else t.clone() for t in example_inputs))
-    return out
+
+    def draw(t: torch.Tensor) -> torch.Tensor:
+        if not t.dtype.is_floating_point or not t.numel():
+            return t.clone()
+        lo, hi = float(t.min()), float(t.max())
+        if lo <= -1.0 and hi >= 1.0 or not (math.isfinite(lo) and math.isfinite(hi)):
+            return torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        return torch.rand(t.shape, generator=gen, dtype=t.dtype) * (hi - lo) + lo
+
+    return [tuple(map_tensors(x, draw) for x in example_inputs) for _ in range(n)]

@@ -75,7 +75,6 @@ class CodecTosaPartitioner(Partitioner):
     # tensors (by their fully qualified names) for calibration.
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
         if self.codec_spec.integer_only:
-            _require_quantized(exported_program, self.codec_spec)
             return self._arm.transform_for_pre_decomposition(exported_program)
         out = self._arm.transform_for_pre_decomposition(exported_program)
         if not self.codec_spec.reference:
@@ -112,6 +111,7 @@ class CodecTosaPartitioner(Partitioner):
         """A CodecQuantizer program: Arm's INT partitioner for the target tags it
         (the plan is in its q/dq nodes; the graph input's encode and the output's
         decode stay on the CPU, as in Arm's flow)."""
+        _require_quantized(exported_program, self.codec_spec)
         progress.stage(progress.PLACEMENT)
         arm_result = self._arm.partition(exported_program)
         specs = list(self.delegation_spec.compile_specs) + provenance_specs(self.codec_spec, {})

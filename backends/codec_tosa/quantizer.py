@@ -56,6 +56,7 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from codec_tosa import arm_adapter
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
+from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa.codecs.base import Theta
 from codec_tosa.commutation.table import CLAMPING_TARGETS, OUT, CommutationTable, Row
 from codec_tosa.graph import CONSTANT, PortGraph
@@ -109,6 +110,7 @@ class CodecQuantizer(Quantizer):
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if self._reuse is not None:
             return model  # `converted` re-prepares a graph that is transformed already
+        spatial_means_to_avg_pool(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)
         return self._arm.transform_for_annotation(model)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -170,9 +172,12 @@ class CodecQuantizer(Quantizer):
     def planned(self, quantized: ExportedProgram, partitioner: Partitioner) -> PlannedProgram:
         """The plan's record for the simulation: its materialised program is the edge
         program `partitioner` tags when `quantized` (the exported converted module)
-        is lowered with it, decomposed exactly as that lowering decomposes it."""
+        is lowered with it, decomposed exactly as that lowering decomposes it; its
+        program, the FP32 graph this quantizer annotated, decomposed the same way."""
         a = self._require()
-        return PlannedProgram(self.spec, a.graph, a.placement, self.thetas(), None,
+        args, kwargs = quantized.example_inputs
+        fp32 = edge_program(torch.export.export(self.fp32_module(), args, kwargs), partitioner)
+        return PlannedProgram(self.spec, a.graph, a.placement, self.thetas(), fp32,
                               _materialized=edge_program(quantized, partitioner))
 
     def _require(self) -> _Annotated:

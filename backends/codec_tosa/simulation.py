@@ -536,6 +536,16 @@ def _is_quantize(n: torch.fx.Node) -> bool:
             and len(n.args) > 5 and n.args[5] == _INT8)
 
 
+def run_planned(planned: PlannedProgram, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """The program as planned, in FP32, before any codec: the structural oracle
+    validate holds to eager (tools/reference_io)."""
+    program = planned.program
+    assert program is not None
+    with torch.no_grad():
+        out = torch.fx.Interpreter(program.graph_module).run(*lifted_args(program, inputs))
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]
                         ) -> tuple[list[torch.Tensor], SimulationStats]:
     """`simulate`, and which operators it evaluated on codes."""
@@ -607,5 +617,5 @@ def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.reshape(b.shape).to(torch.float64) - b.to(torch.float64)).abs()
 
 
-__all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "SimulationStats", "simulate", "simulate_envelope",
-           "simulate_with_stats"]
+__all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "SimulationStats", "run_planned", "simulate",
+           "simulate_envelope", "simulate_with_stats"]

@@ -32,7 +32,9 @@ from codec_tosa import arm_adapter
 from codec_tosa.analysis import analyze, port_graph
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.calibration import random_calibration
-from codec_tosa.tools.compiler import PTE, REFERENCE_IO, fp32_steps, lower_program, reference_io
+from codec_tosa.tools.artefacts import PTE, REFERENCE_IO
+from codec_tosa.tools.compiler import lower_program
+from codec_tosa.tools.reference_io import reference_outputs
 from codec_tosa.simulation import simulate
 from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS, SHARE
 from codec_tosa.runtime.executorch_runner import run_pte
@@ -118,7 +120,9 @@ def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tens
     """Compile, write the .pte and reference_io.npz as compile does, validate;
     None for a program with nothing delegated (checked against eager here)."""
     calib = [inputs] + random_calibration(inputs, 2, seed=seed)
-    lowered = lower_program(torch.export.export(model, inputs), CodecSpec(policy, placement), calib)
+    program = torch.export.export(model, inputs)
+    spec = CodecSpec(policy, placement)
+    lowered = lower_program(program, spec, calib)
     part = lowered.planned
     with torch.no_grad():
         eager = list(model(*inputs))
@@ -136,16 +140,11 @@ def compile_and_validate_module(model: torch.nn.Module, inputs: tuple[torch.Tens
         return None
     if policy == INTEGER_POLICY:  # TOSA-1.0+INT: no FP32 tensor in any delegate
         assert all(float_operators(d.payload) == [] for d in delegates(lowered.pte)), what
-    simulated = simulate(part, inputs)
     held_out = held_out_inputs(inputs, SAMPLES)
-    with torch.no_grad():
-        sample_eager = [list(model(*x)) for x in held_out]
-    sample_simulated = [simulate(part, x) for x in held_out]
     out.mkdir(parents=True, exist_ok=True)
     (out / PTE).write_bytes(lowered.pte)
-    steps = part.output_steps(fp32_steps(eager)) if part is not None else fp32_steps(eager)
-    np.savez(out / REFERENCE_IO, **reference_io(inputs, eager, simulated, steps, None, held_out,
-                                                sample_eager, sample_simulated))
+    # as compile writes it (its envelope included), with the planned FP32 oracle
+    reference_outputs(part, model, inputs, held_out, spec, program.graph_signature).io.save(out / REFERENCE_IO)
     v = validate(out / PTE)
     report = "\n".join(v.lines()) + f"\n{what}"
     # every delegate call is recorded by the runtime and run on the reference

@@ -260,6 +260,23 @@ def test_fp32_int32_bool_boundaries_and_several_outputs(backend_library: Path) -
     torch.testing.assert_close(outputs[2], a + b)
 
 
+class _HalfUpsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(x, scale_factor=2, mode="bilinear") * 0.5
+
+
+def test_fp16_boundaries(backend_library: Path) -> None:
+    # Arm's operator tests run FP16 graphs (upsample_bilinear2d's fp16 cases): the
+    # runtime takes and returns ExecuTorch Half as the reference model's binary16.
+    x = torch.randn(1, 2, 4, 4, dtype=torch.float16)
+    pte, payload, _ = _lower_stock(_HalfUpsample(), (x,), "TOSA-1.0+FP")
+    (out,) = run_pte(_relabel(pte), [x])
+    (ref,) = _reference(payload, [x.numpy()])
+    assert out.dtype == torch.float16
+    _assert_bit_exact(out, ref)
+    torch.testing.assert_close(out.float(), _HalfUpsample()(x.float()), atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.slow
 def test_tiny_shufflenet_int8_matches_reference_model_bit_exactly(backend_library: Path) -> None:
     """Split, concat, channel shuffle, depthwise conv, pooling: a wider operator mix."""

@@ -16,7 +16,8 @@ from codec_tosa.tools.cli import main
 from codec_tosa.calibration import CalibrationError, learn_thetas
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
 from codec_tosa.commutation.table import CommutationTable
-from codec_tosa.tools.compiler import lower_program, one_ulp_away
+from codec_tosa.tools.compiler import lower_program
+from codec_tosa.tools.reference_io import one_ulp_away
 from codec_tosa.graph import GraphError, PortGraph
 from codec_tosa.simulation import simulate
 from codec_tosa.placement import place

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codec_tosa.tools.compiler import fp32_steps, lower_program
+from codec_tosa.tools.compiler import lower_program
+from codec_tosa.tools.reference_io import fp32_steps
 from codec_tosa.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.pte import delegate_payload
 from codec_tosa.tools.reference_model import run_reference_model

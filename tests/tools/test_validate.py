@@ -17,7 +17,8 @@ from codec_tosa import progress
 from codec_tosa.calibration import CalibrationError, random_calibration
 from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.tools.cli import DEFAULT_SAMPLES as CLI_SAMPLES, main
-from codec_tosa.tools.compiler import lower_program, sqnr_warnings
+from codec_tosa.tools.compiler import lower_program
+from codec_tosa.tools.reference_io import InputSet, sqnr_warnings
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
 from codec_tosa.tools.validate import EXIT_STATUS, SQNR_FLOOR_DB, Verdict, sqnr_db, validate
 from codec_tosa.spec import CodecSpec
@@ -134,9 +135,9 @@ def test_sqnr_below_the_floor_warns_in_validate_and_compile(compiled, tmp_path) 
     assert not validate(compiled["W"]).warnings
     x = torch.randn(1, 100)
     assert sqnr_db(x.numpy(), np.zeros_like(x.numpy())) == pytest.approx(0.0)
-    (w,) = sqnr_warnings([[x]], [[torch.zeros_like(x)]])
+    (w,) = sqnr_warnings([InputSet("example", [], [x.numpy()], [np.zeros_like(x.numpy())])])
     assert "output 0" in w and "0.0 dB" in w
-    assert sqnr_warnings([[x]], [[x * 1.001]]) == []
+    assert sqnr_warnings([InputSet("example", [], [x.numpy()], [x.numpy() * 1.001])]) == []
 
 
 def test_validate_help_documents_the_exit_statuses(capsys) -> None:

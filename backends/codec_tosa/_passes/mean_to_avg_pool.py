@@ -2,12 +2,13 @@
 
 ``mean.dim(x, [-2, -1], keepdim)`` on an NCHW tensor is ``avg_pool2d(x,
 kernel=(H, W))``: the same average, bit for bit in FP32 up to summation order.
-Policy I needs it so: Arm's backend pipeline decomposes an INT8 ``mean.dim``
-into ``REDUCE_SUM`` then a ``MUL`` by ``1/N`` whose scalar it leaves FP32
-(Arm's own flow decomposes the mean *before* quantizing, so its quantizer
-encodes the scalar), which fails TOSA's dtype check; TOSA's INT8
-``AVG_POOL2D`` takes the average directly, in one operator, with the input's
-scale (the `_averaging` row of the commutation table).
+`CodecQuantizer` rewrites it so before Arm's annotation transforms, which
+would otherwise decompose the mean into a sum and a multiplication by 1/N:
+in INT8 that is a REDUCE_SUM in int32 between RESCALEs and an int32 MUL,
+where TOSA's INT8 ``AVG_POOL2D`` takes the average in one operator at the
+input's scale (the `_averaging` row of the commutation table). On
+ShuffleNetV2 the sum and product cost Vela 6% of the cycles on U55-128 and
+25% on U85-256 (benchmarks/RESULTS.md).
 
 ``adaptive_avg_pool2d(x, (oh, ow))`` with H, W divisible by oh, ow is the
 same avg_pool2d with kernel and stride (H/oh, W/ow); it is rewritten too,
@@ -18,7 +19,6 @@ because ExecuTorch's decomposition would otherwise turn the global one into
 from __future__ import annotations
 
 import torch
-from torch.export import ExportedProgram
 
 _MEAN = torch.ops.aten.mean.dim
 # A kernel covering the whole input has one output at any stride; stride 1 is
@@ -28,9 +28,9 @@ _GLOBAL_STRIDE = [1, 1]
 _ADAPTIVE = (torch.ops.aten.adaptive_avg_pool2d.default, torch.ops.aten._adaptive_avg_pool2d.default)
 
 
-def spatial_means_to_avg_pool(ep: ExportedProgram) -> int:
+def spatial_means_to_avg_pool(gm: torch.fx.GraphModule) -> int:
     """Rewrite every spatial mean of a 4-D tensor in place; return how many."""
-    graph = ep.graph_module.graph
+    graph = gm.graph
     count = 0
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in _ADAPTIVE and _divisible(node):
@@ -53,7 +53,7 @@ def spatial_means_to_avg_pool(ep: ExportedProgram) -> int:
         graph.erase_node(node)
         count += 1
     if count:
-        ep.graph_module.recompile()
+        gm.recompile()
     return count
 
 

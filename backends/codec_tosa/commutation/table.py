@@ -261,7 +261,7 @@ def _default_rows() -> list[Row]:
         _integer("aten.silu.default", ("self",)),
         _integer("aten.gelu.default", ("self",)),
         # softmax, decomposed at integer policies as Arm's INT8 flow does
-        # (_passes/decompose_softmax.py): exp and reciprocal are TABLEs, the sum an
+        # (Arm's DecomposeSoftmaxPass, before annotation): exp and reciprocal are TABLEs, the sum an
         # int32 REDUCE_SUM with RESCALEs; amax picks one of its inputs, so it
         # keeps their theta (an INT8 REDUCE_MAX on codes)
         _integer("aten.exp.default", ("self",)),

@@ -146,7 +146,7 @@ class DelegateCall:
 
 
 # TOSA dtype names at a delegate boundary (the C++ backend's ElementType set).
-_NUMPY_DTYPES = {"FP32": np.float32, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+_NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
                  "BOOL": np.bool_}
 
 

@@ -96,7 +96,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from codec_tosa.tools.compiler import compile_model
 
     result = compile_model(args.model, _spec(args), args.out,
-                           samples=getattr(args, "samples", DEFAULT_SAMPLES))
+                           samples=getattr(args, "samples", DEFAULT_SAMPLES),
+                           on_stage=lambda name: _STAGE.__setitem__("compile", name))
     extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
           f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}{extra}")
@@ -243,9 +244,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with quiet(verbose=args.verbose):  # errors are printed below, after it
             return int(args.func(args) or 0)
-    except (CliError, ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"codec-tosa {args.command}: error: {e}", file=sys.stderr)
+    except Exception as e:  # every error is one line; --verbose shows its traceback too
+        if args.verbose:
+            import traceback
+
+            traceback.print_exception(e, file=sys.stderr)
+        print(f"codec-tosa {args.command}: error: {error_line(e, _STAGE.get(args.command))}", file=sys.stderr)
         return 2
+
+
+# the last stage `compile` reported, named in an error that is not ours
+_STAGE: dict[str, str] = {}
+_PACKAGE = Path(__file__).resolve().parents[1]
+# what codec_tosa raises on purpose, with a message written for the user
+_INTENDED = (CliError, ValueError, RuntimeError, OSError)
+
+
+def _origin(e: BaseException) -> Path:
+    """The file the exception was raised in."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    return Path(frames[-1].filename).resolve() if frames else _PACKAGE
+
+
+def error_kind(e: BaseException) -> str:
+    """``refused`` (one of our own errors, worded for the user), ``internal`` (an
+    unexpected error in our code: a bug) or ``library`` (raised by a library)."""
+    if _PACKAGE in _origin(e).parents:
+        return "refused" if isinstance(e, _INTENDED) else "internal"
+    return "library"
+
+
+def error_line(e: BaseException, stage: str | None = None) -> str:
+    """`e` as one line: our own errors as they are worded; an error raised by a
+    library (Arm's backend, torch.export, ...) with its type, where it came from
+    and the stage it stopped; an unexpected error of ours as an internal one."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    kind = error_kind(e)
+    if kind == "refused":
+        return first
+    if kind == "internal":
+        return (f"internal error ({type(e).__name__}: {first}); please report it with the traceback "
+                "--verbose shows")
+    origin = _origin(e)
+    library = next((p for p in reversed(origin.parts[:-1]) if p in _LIBRARIES), origin.stem)
+    where = f" during {stage}" if stage else ""
+    return f"{_LIBRARIES.get(library, library)} failed{where}: {type(e).__name__}: {first}"
+
+
+_LIBRARIES = {"arm": "Arm's backend", "executorch": "ExecuTorch", "torch": "PyTorch", "torchao": "torchao",
+              "tosa_serializer": "the TOSA serializer", "ethosu": "Vela"}
 
 
 if __name__ == "__main__":

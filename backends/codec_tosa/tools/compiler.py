@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch.export import ExportedProgram
 from tqdm import tqdm
@@ -20,11 +19,11 @@ from codec_tosa import progress as lowering_progress  # compile_model has a `pro
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
-from codec_tosa.simulation import Envelope, simulate, simulate_envelope
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
-from codec_tosa.tools.loading import load_and_export
+from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
+from codec_tosa.tools.reference_io import Reference, ReferenceIO, reference_outputs
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
 from codec_tosa.units import MIB
 
@@ -206,7 +205,16 @@ def _vela_error_line(log: str) -> str:
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
                   progress: bool = True, samples: int = DEFAULT_SAMPLES,
                   on_stage: Callable[[str], None] | None = None) -> CompileResult:
-    """Export, partition (placement + calibration), lower and serialise; write the artefacts.
+    """`compile_module` of a built-in model name or ``path/to/file.py:function``."""
+    return compile_module(model, None, spec, out_dir, calibration_size, progress, samples, on_stage)
+
+
+def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] | None, spec: CodecSpec,
+                   out_dir: str | Path, calibration_size: int = 4, progress: bool = True,
+                   samples: int = DEFAULT_SAMPLES,
+                   on_stage: Callable[[str], None] | None = None) -> CompileResult:
+    """Export `module` (model, example inputs; None: build `model`), partition
+    (placement + calibration), lower and serialise; write the artefacts.
 
     reference_io.npz holds the example input and `samples` seeded held-out
     inputs (`tools.samples`) with their eager and simulated outputs, for
@@ -237,7 +245,7 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         times: dict[str, float] = {}
         t = time.perf_counter()
         stage("export")
-        loaded = load_and_export(model)
+        loaded = load_and_export(model) if module is None else export_module(model, *module)
         times["export_s"] = time.perf_counter() - t
 
         calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
@@ -248,7 +256,11 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         stage("reference outputs")
         held_out = held_out_inputs(loaded.inputs, samples)
         t = time.perf_counter()
-        ref = reference_stage(planned, loaded.module, loaded.inputs, held_out, spec)
+        # the outputs as the lowered program returns them (Arm's hooks may add an
+        # input the model mutates in place to them)
+        program = planned.program if planned is not None and planned.program is not None else loaded.program
+        ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
+                                program.graph_signature, simulated=samples > 0)
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()
@@ -256,45 +268,8 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
         bar.close()
 
     report = build_report(model, spec, pte, planned, times, lowered.report, ref)
-    write_artefacts(out, pte, ref.arrays, report, lowered.files)
+    write_artefacts(out, pte, ref.io, report, lowered.files)
     return CompileResult(out, report, tuple(lowered.files), ref.warnings)
-
-
-@dataclass
-class Reference:
-    """What the reference stage computed: reference_io.npz's arrays, report.json's
-    account of the ambiguous codes, and the SQNR warnings."""
-
-    arrays: dict[str, np.ndarray]
-    ambiguous: dict[str, Any] | None
-    warnings: list[str]
-
-
-def reference_stage(planned: PlannedProgram | None, module: Callable[..., Any],
-                    inputs: Sequence[torch.Tensor], held_out: Sequence[Sequence[torch.Tensor]],
-                    spec: CodecSpec) -> Reference:
-    """Eager and simulated outputs of the example and the held-out inputs, with the
-    allowance of the ambiguous codes (docs/DESIGN.md, "Validation")."""
-    with torch.no_grad():
-        eager = _as_list(module(*inputs))
-        sample_eager = [_as_list(module(*x)) for x in held_out]
-    envelopes = ([simulate_envelope(planned, x) for x in [inputs, *held_out]]
-                 if planned is not None and not spec.reference else [])
-    if envelopes:
-        simulated, sample_simulated = envelopes[0].outputs, [e.outputs for e in envelopes[1:]]
-    else:
-        simulated = simulate(planned, inputs) if planned is not None else eager
-        sample_simulated = [simulate(planned, x) for x in held_out] if planned is not None else sample_eager
-    sensitivity = (rounding_sensitivity(planned, inputs, simulated)
-                   if planned is not None and not spec.reference else None)
-    fallback = fp32_steps(eager)
-    steps = planned.output_steps(fallback) if planned is not None else fallback
-    arrays = {**reference_io(inputs, eager, simulated, steps, sensitivity, held_out, sample_eager,
-                             sample_simulated), **envelope_arrays(envelopes)}
-    # the simulation is bit-exact with the artefact (validate checks it), so its
-    # SQNR is the artefact's
-    warnings = sqnr_warnings([eager, *sample_eager], [simulated, *sample_simulated])
-    return Reference(arrays, envelope_summary(envelopes) if envelopes else None, warnings)
 
 
 def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgram | None,
@@ -324,7 +299,7 @@ def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgra
     return report
 
 
-def write_artefacts(out_dir: str | Path, pte: bytes, arrays: dict[str, np.ndarray], report: dict[str, Any],
+def write_artefacts(out_dir: str | Path, pte: bytes, reference: ReferenceIO, report: dict[str, Any],
                     files: dict[str, bytes]) -> None:
     """model.pte, reference_io.npz, report.json and `files` into `out_dir`: written to
     a temporary directory first and moved in only when complete, so a failure
@@ -336,7 +311,7 @@ def write_artefacts(out_dir: str | Path, pte: bytes, arrays: dict[str, np.ndarra
         (tmp / PTE).write_bytes(pte)
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        np.savez(tmp / REFERENCE_IO, **arrays)
+        reference.save(tmp / REFERENCE_IO)
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT, *files):
@@ -354,109 +329,3 @@ def backend_id(spec: CodecSpec) -> str:
     if spec.target == "vgf":
         return arm_adapter.VGF_BACKEND_ID
     return arm_adapter.ETHOS_U_BACKEND_ID if spec.ethos_u else BACKEND_ID
-
-
-def reference_io(inputs: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
-                 simulated: Sequence[torch.Tensor], steps: Sequence[float],
-                 sensitivity: Sequence[float] | None = None,
-                 sample_inputs: Sequence[Sequence[torch.Tensor]] = (),
-                 sample_eager: Sequence[Sequence[torch.Tensor]] = (),
-                 sample_simulated: Sequence[Sequence[torch.Tensor]] = ()) -> dict[str, np.ndarray]:
-    """The arrays of reference_io.npz, as `validate` reads them: the example's
-    input_i, eager_i, simulated_i; the held-out samples stacked on a leading
-    sample axis as sample_input_i, sample_eager_i, sample_simulated_i; per
-    output its step_i and sensitivity_i."""
-    arrays = {**{f"input_{i}": x.detach().numpy() for i, x in enumerate(inputs)},
-              **{f"eager_{i}": y.detach().numpy() for i, y in enumerate(eager)},
-              **{f"simulated_{i}": y.detach().numpy() for i, y in enumerate(simulated)},
-              **{f"step_{i}": np.float64(st) for i, st in enumerate(steps)},
-              **{f"sensitivity_{i}": np.float64(s) for i, s in enumerate(sensitivity or ())}}
-    for name, cases in (("input", sample_inputs), ("eager", sample_eager), ("simulated", sample_simulated)):
-        if cases:
-            for i in range(len(cases[0])):
-                arrays[f"sample_{name}_{i}"] = np.stack([c[i].detach().numpy() for c in cases])
-    return arrays
-
-
-def envelope_arrays(envelopes: Sequence[Envelope]) -> dict[str, np.ndarray]:
-    """The envelopes in reference_io.npz, per input set (the example, then the
-    samples): ambiguous_codes and envelope_complete; per output, when some code
-    is ambiguous, allowance_i (the example's) and sample_allowance_i."""
-    if not envelopes:
-        return {}
-    arrays = {"ambiguous_codes": np.array([len(e.ambiguous) for e in envelopes], dtype=np.int64),
-              "envelope_complete": np.array([e.complete for e in envelopes])}
-    if any(e.ambiguous for e in envelopes):
-        for i in range(len(envelopes[0].allowance)):
-            arrays[f"allowance_{i}"] = envelopes[0].allowance[i].numpy()
-            if len(envelopes) > 1:
-                arrays[f"sample_allowance_{i}"] = np.stack([e.allowance[i].numpy() for e in envelopes[1:]])
-    return arrays
-
-
-def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:
-    """report.json's account of the ambiguous codes, per input set (the example first)."""
-    from codec_tosa.rounding_ambiguity import FP32_EPS
-
-    return {"per_input_set": [len(e.ambiguous) for e in envelopes],
-            "total": sum(len(e.ambiguous) for e in envelopes),
-            "encodes": sorted({a.node for e in envelopes for a in e.ambiguous}),
-            "resimulations": sum(e.resimulations for e in envelopes),
-            "complete": all(e.complete for e in envelopes),
-            "fp32_eps": FP32_EPS}
-
-
-def sqnr_warnings(eager: Sequence[Sequence[torch.Tensor]], approx: Sequence[Sequence[torch.Tensor]]
-                  ) -> list[str]:
-    """A warning per output whose worst SQNR against FP32 eager, over the given
-    cases, is below `SQNR_FLOOR_DB`."""
-    from codec_tosa.tools.validate import sqnr_warning, sqnr_db
-
-    out = []
-    for i in range(len(eager[0]) if eager else 0):
-        worst = min(sqnr_db(e[i].detach().numpy(), a[i].detach().numpy().reshape(e[i].shape))
-                    for e, a in zip(eager, approx))
-        w = sqnr_warning(i, worst, "the simulation of the plan")
-        if w:
-            out.append(w)
-    return out
-
-
-def one_ulp_away(inputs: Sequence[torch.Tensor], seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Every floating-point input element moved one ulp up or down (at random)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for x in inputs:
-        if x.is_floating_point():
-            up = torch.rand(x.shape, generator=gen) < 0.5
-            x = torch.nextafter(x, torch.where(up, torch.inf, -torch.inf).to(x.dtype))
-        out.append(x)
-    return tuple(out)
-
-
-def rounding_sensitivity(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
-                         simulated: Sequence[torch.Tensor]) -> list[float]:
-    """max |simulation(inputs one ulp away) - simulation(inputs)| per output.
-
-    A lower bound on how far two correct implementations of the plan can differ
-    when they round differently: a deep model can amplify one flipped code into
-    many quantisation steps at its outputs (validate reports it beside the
-    one-step criterion)."""
-    moved = simulate(planned, one_ulp_away(inputs))
-    return [float((m.reshape(s.shape) - s).abs().max()) if s.numel() else 0.0
-            for m, s in zip(moved, simulated)]
-
-
-def fp32_steps(outputs: Sequence[torch.Tensor]) -> list[float]:
-    """One "step" of an output computed in FP32: its range / 255."""
-    return [float(e.max() - e.min()) / 255.0 if e.numel() else 0.0 for e in outputs]
-
-
-def _as_list(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for t in out if isinstance(t, torch.Tensor)]
-    if hasattr(out, "values"):  # ModelOutput-like
-        return [t for t in out.values() if isinstance(t, torch.Tensor)]
-    raise TypeError(f"model output of type {type(out).__name__} is not a tensor or a tuple of tensors")

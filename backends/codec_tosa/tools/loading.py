@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -14,7 +15,7 @@ from codec_tosa.tools import model_libs
 class LoadedModel:
     spec: str
     module: torch.nn.Module
-    inputs: tuple[torch.Tensor, ...]
+    inputs: tuple[Any, ...]  # the example, nested as the model takes it
     program: ExportedProgram
 
 
@@ -24,6 +25,12 @@ def load_and_export(spec: str) -> LoadedModel:
     from codec_tosa_examples.models import load_model
 
     module, inputs = load_model(spec)
+    return export_module(spec, module, inputs)
+
+
+def export_module(name: str, module: torch.nn.Module, inputs: tuple[Any, ...]) -> LoadedModel:
+    """`module` (in eval mode) exported on `inputs`, which may be nested as it takes them."""
+    module = module.eval()
     with torch.no_grad():
-        program = torch.export.export(module, inputs)
-    return LoadedModel(spec, module, inputs, program)
+        program = torch.export.export(module, tuple(inputs))
+    return LoadedModel(name, module, tuple(inputs), program)

@@ -8,7 +8,7 @@ right on what it was calibrated on must show up here.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -18,14 +18,13 @@ HELD_OUT_SEED = 7_919  # any seed but calibration's 0
 DEFAULT_SAMPLES = 16
 
 
-def held_out_inputs(example: Sequence[torch.Tensor], n: int,
-                    seed: int = HELD_OUT_SEED) -> list[tuple[torch.Tensor, ...]]:
-    """`n` input tuples shaped like `example`: standard normal floats (the
-    distribution calibration draws from), other inputs as in the example (their
-    valid values, e.g. indices, are not known)."""
-    gen = torch.Generator().manual_seed(seed)
-    return [tuple(torch.randn(t.shape, generator=gen, dtype=t.dtype) if t.dtype.is_floating_point
-                  else t.clone() for t in example) for _ in range(n)]
+def held_out_inputs(example: Sequence[Any], n: int, seed: int = HELD_OUT_SEED) -> list[tuple[Any, ...]]:
+    """`n` input tuples drawn like `example`, as calibration draws its own
+    (`calibration.random_calibration`: inside an operator's domain where the
+    example says so, nested like the example) from another seed."""
+    from codec_tosa.calibration import random_calibration
+
+    return random_calibration(example, n, seed)
 
 
 def inputs_for_specs(specs: Sequence[TensorSpec | None], n: int,

@@ -27,16 +27,17 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
 
     `source` is what planned it: the `CodecTosaPartitioner` it was lowered with,
     or the calibrated `CodecQuantizer` it was quantized with (whose spec names
-    the target). `inputs` are input tuples to check on (the first is the
-    example; default: the example and `samples` seeded held-out inputs drawn
-    like calibration's). `model` is the FP32 model the outputs are compared with
-    (default: the program as planned, before quantization). Returns the .pte's
-    path.
+    the target). `model` is your FP32 model, the reference validate holds the
+    outputs and the plan's FP32 graph to; without it that reference is the
+    plan's own FP32 graph, which checks the codecs but not the structure.
+    `inputs` are input tuples to check on (the first is the example; default:
+    `1 + samples` seeded inputs drawn like calibration's). Returns the .pte's path.
     """
     from codec_tosa.partitioner import CodecTosaPartitioner
     from codec_tosa.quantizer import CodecQuantizer
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.tools.compiler import build_report, reference_stage, write_artefacts
+    from codec_tosa.tools.compiler import build_report, write_artefacts
+    from codec_tosa.tools.reference_io import reference_outputs
 
     pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
     info = inspect_pte(pte)
@@ -45,20 +46,23 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
         spec = source.spec
         quantized = torch.export.export(source.converted(), cases[0])
         planned = source.planned(quantized, CodecTosaPartitioner(spec))
-        fp32 = model if model is not None else source.fp32_module()
     elif isinstance(source, CodecTosaPartitioner):
         spec, planned = source.codec_spec, source.planned
         if planned is None:
             raise ValueError("codec_tosa.save: the partitioner planned nothing yet; lower the program "
                              "with it (to_edge_transform_and_lower) first")
-        assert planned.program is not None
-        fp32 = model if model is not None else planned.program.module()
     else:
         raise TypeError(f"codec_tosa.save: source must be the CodecTosaPartitioner or CodecQuantizer "
                         f"the program was made with, not {type(source).__name__}")
-    ref = reference_stage(planned, fp32, cases[0], cases[1:], spec)
+    assert planned.program is not None
+    signature = planned.program.graph_signature
+    fp32 = model.eval() if model is not None else planned.program.module()
+    ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature)
+    if model is None:
+        for s in ref.io.sets:
+            s.planned = None  # the reference is that graph itself: nothing independent to hold it to
     report = build_report("python", spec, pte, planned, {}, {}, ref)
-    write_artefacts(path, pte, ref.arrays, report, _delegate_tosa(pte))
+    write_artefacts(path, pte, ref.io, report, _delegate_tosa(pte))
     return Path(path) / "model.pte"
 
 

@@ -12,10 +12,21 @@ how far the codes the artefact may round the other way move it (compile's
 allowance, `simulation.simulate_envelope`), with its SQNR against FP32 eager
 reported and warned about below `SQNR_FLOOR_DB`.
 
+Besides, the program as planned, in FP32 before any codec (`reference_io`,
+``planned``), must equal FP32 eager to policy Z's tolerance: an oracle that
+shares nothing with the codecs, so a structural error in the lowering (an
+operator decomposed wrongly, a batch norm folded wrongly) fails even where the
+simulation shares it.
+
 Every check runs on the example input and on held-out samples and reports the
 worst case. The verdict is PASS only when every delegate output and every
 program output was compared against an independent reference; INCOMPLETE
 when something could not be, FAIL when a comparison failed.
+
+The stages, each a function: `detect_target` (which delegates, which runtime,
+the TOSA each one ran from), `input_sets` (from reference_io.npz, a rebuilt
+model, given inputs, or drawn from the program's input specs), a runner
+(`_ExecuTorchRunner`, `_VgfRunner`), and `compare`.
 """
 
 from __future__ import annotations
@@ -33,7 +44,9 @@ from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, TOSA_BACKEND_ID, VGF_BACK
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
-from codec_tosa.tools.artefacts import delegate_file
+from codec_tosa.tools.artefacts import REPORT, delegate_file
+from codec_tosa.tools.metrics import SQNR_FLOOR_DB, finite_span, max_difference, sqnr_db, sqnr_warning
+from codec_tosa.tools.reference_io import FILE as REFERENCE_IO, InputSet, ReferenceIO, program_outputs
 from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs, inputs_for_specs
 
@@ -41,12 +54,6 @@ if TYPE_CHECKING:
     from codec_tosa.serialization.tosa_stats import TosaStats
 
 Z_RTOL = 1e-4
-# Below this SQNR against FP32 eager an output is more noise than model: 0 dB
-# is an all-zero output (noise power = signal power), 10 dB an error whose RMS
-# is a third of the signal's. One INT8 quantisation of a well-ranged tensor is
-# about 40-50 dB, and whole INT8 networks land at 20-40 dB; below 10 dB a range
-# or a calibration is broken, whatever the bit-exact checks say.
-SQNR_FLOOR_DB = 10.0
 
 
 class Verdict(str, Enum):
@@ -62,18 +69,7 @@ class ValidationError(PteError):
     """The .pte or its inputs are unusable (one line, names the file and reason)."""
 
 
-@dataclass
-class Case:
-    """One set of program inputs, with what the model and its plan make of it."""
-
-    label: str  # "example", "sample 3", "random 0", "given inputs"
-    inputs: list[torch.Tensor]
-    eager: list[np.ndarray] | None = None
-    simulated: list[np.ndarray] | None = None
-    # per output element, how far the ambiguous codes may move it (None: not one)
-    allowance: list[np.ndarray] | None = None
-    ambiguous: int = 0  # codes the artefact may legitimately round the other way
-    envelope_complete: bool = True  # each of them was flipped alone
+Case = InputSet  # one input set, with what the model and its plan make of it
 
 
 @dataclass
@@ -94,7 +90,7 @@ def compare_call(call: DelegateCall, path: str | Path) -> list[float | None]:
     """max |reference model - runtime| per output of the call (None: not observed).
     Raises ReferenceModelError when the reference model cannot run it."""
     ref = run_reference_model(call.tosa, call.inputs, path)
-    return [None if out is None else _max_abs(ref[k].reshape(out.shape), out)
+    return [None if out is None else max_difference(ref[k].reshape(out.shape), out)
             for k, out in enumerate(call.outputs)]
 
 
@@ -146,6 +142,14 @@ class OutputCheck:
     beyond_allowance: float | None = None
     allowance: float = 0.0  # the largest allowance at the worst case
     needs_incomplete_envelope: bool = False  # within tolerance only thanks to a truncated envelope
+    # the program as planned, FP32 and no codec, against eager (the structural oracle)
+    planned_max_abs: float | None = None
+    planned_tolerance: float | None = None
+    planned_case: str | None = None
+
+    @property
+    def planned_failed(self) -> bool:
+        return self.planned_max_abs is not None and self.planned_max_abs > (self.planned_tolerance or 0.0)
 
     @property
     def steps(self) -> float | None:
@@ -167,7 +171,7 @@ class OutputCheck:
         exact = self.ref_vs_runtime_max_abs == 0.0 or math.isnan(self.ref_vs_runtime_max_abs)
         d = self.vs_expected_max_abs if self.beyond_allowance is None else self.beyond_allowance
         within = d is None or d <= (self.tolerance or 0.0)
-        return not (exact and within)
+        return not (exact and within) or self.planned_failed
 
     @property
     def ok(self) -> bool:
@@ -200,6 +204,10 @@ class Validation:
         if self.expected == "none":
             missing.append("program outputs: no " + ("eager output" if self.policy == "Z" else
                                                      "simulation of the plan") + " to compare with")
+        elif self.expected == "simulation":
+            missing += [f"output {o.index}: the program as planned (FP32, no codec) against FP32 eager "
+                        "(no FP32 model was given)" for o in self.outputs
+                        if o.computed and o.planned_max_abs is None]
         return missing
 
     @property
@@ -231,6 +239,9 @@ class Validation:
                              f"(tolerance {o.tolerance:.3g}, on {o.worst_case})")
             if o.sqnr_db is not None:
                 parts.append(f"SQNR vs FP32 eager worst {o.sqnr_db:.1f} dB (on {o.sqnr_case})")
+            if o.planned_max_abs is not None:
+                parts.append(f"planned FP32 program vs eager {o.planned_max_abs:.3g} (tolerance "
+                             f"{o.planned_tolerance:.3g}{', a structural error' if o.planned_failed else ''})")
             status = "FAIL" if o.failed else "ok" if o.computed and self.expected != "none" else "incomplete"
             out.append(f"  output {o.index}: {', '.join(parts) or 'nothing compared'}: {status}")
         out += [f"  note: output {o.index} is off by more than one step, but the {self.expected} itself "
@@ -246,20 +257,6 @@ class Validation:
             out += [f"  not compared: {m}" for m in self.not_compared]
         out.append(self.verdict.value)
         return out
-
-
-def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
-    noise = float(np.sum((signal.astype(np.float64) - approx.astype(np.float64)) ** 2))
-    power = float(np.sum(signal.astype(np.float64) ** 2))
-    return math.inf if noise == 0 else 10 * math.log10(max(power, 1e-30) / noise)
-
-
-def sqnr_warning(index: int, db: float, what: str) -> str | None:
-    """The warning for output `index` when its SQNR is below the floor, else None."""
-    if db >= SQNR_FLOOR_DB:
-        return None
-    return (f"output {index}: SQNR of {what} vs FP32 eager is {db:.1f} dB, below the {SQNR_FLOOR_DB:.0f} dB "
-            "floor: the output is mostly quantisation noise (a degenerate range or calibration?)")
 
 
 def payload_stats(payload: bytes, path: str | Path, backend_id: str = BACKEND_ID) -> "TosaStats":
@@ -314,54 +311,17 @@ def delegate_wirings(info: PteInfo, backend_id: str, io_counts: dict[int, tuple[
 # ------------------------------------------------------------------ input sets
 
 
-def cases_from_reference_io(io: dict[str, np.ndarray], samples: int | None) -> tuple[list[Case], list[str]]:
-    """The example and up to `samples` held-out samples (None: all) of compile's npz."""
-    notes: list[str] = []
-    n_in = sum(k.startswith("input_") for k in io)
-    n_out = sum(k.startswith("eager_") for k in io)
-
-    def outs(prefix: str, s: int | None = None) -> list[np.ndarray] | None:
-        keys = [f"{prefix}_{i}" for i in range(n_out)]
-        if not n_out or any(k not in io for k in keys):
-            return None
-        return [io[k] if s is None else io[k][s] for k in keys]
-
-    ambiguous = io.get("ambiguous_codes")
-    complete = io.get("envelope_complete")
-
-    def envelope(case: int, s: int | None = None) -> dict[str, object]:
-        """The allowance of input set `case` (0: the example, s + 1: sample s)."""
-        if ambiguous is None:
-            return {}
-        return {"allowance": (outs("allowance") if s is None else outs("sample_allowance", s))
-                if "allowance_0" in io else None,
-                "ambiguous": int(ambiguous[case]), "envelope_complete": bool(complete[case])}
-
-    cases = [Case("example", [torch.from_numpy(io[f"input_{i}"]) for i in range(n_in)],
-                  outs("eager"), outs("simulated"), **envelope(0))]  # type: ignore[arg-type]
-    stored = int(io["sample_input_0"].shape[0]) if "sample_input_0" in io else 0
-    n = stored if samples is None else min(samples, stored)
-    if samples is not None and samples > stored:
-        notes.append(f"{samples} samples asked for, reference_io.npz holds {stored} "
-                     "(compile --samples N stores more)")
-    for s in range(n):
-        cases.append(Case(f"sample {s}", [torch.from_numpy(io[f"sample_input_{i}"][s]) for i in range(n_in)],
-                          outs("sample_eager", s), outs("sample_simulated", s),
-                          **envelope(s + 1, s)))  # type: ignore[arg-type]
-    return cases, notes
-
-
-def cases_from_module(module: Callable[..., object], example: Sequence[torch.Tensor],
-                      samples: int) -> list[Case]:
-    """The rebuilt model's example and `samples` held-out inputs, with eager outputs."""
-    from codec_tosa.tools.compiler import _as_list
+def cases_from_module(module: Callable[..., object], example: Sequence[object],
+                      samples: int) -> list[InputSet]:
+    """The rebuilt model's example and `samples` held-out inputs, with eager outputs
+    (the example may be nested as the model takes it; the program takes its leaves)."""
+    from codec_tosa.pytrees import leaves
 
     cases = []
     for label, x in [("example", tuple(example))] + [
             (f"sample {s}", x) for s, x in enumerate(held_out_inputs(example, samples))]:
-        with torch.no_grad():
-            eager = [t.detach().numpy() for t in _as_list(module(*x))]
-        cases.append(Case(label, list(x), eager))
+        eager = [t.detach().numpy() for t in program_outputs(module, x)]
+        cases.append(InputSet(label, leaves(x), eager))
     return cases
 
 
@@ -463,48 +423,49 @@ class _VgfRunner(_Runner):
 # ------------------------------------------------------------------ validate
 
 
-def validate(pte: str | Path, reference_io: str | Path | None = None,
-             inputs: list[torch.Tensor] | None = None, samples: int | None = None,
-             module: Callable[..., object] | None = None) -> Validation:
-    """Validate `pte` on the example and held-out samples (docs/DESIGN.md, "Validation").
+@dataclass
+class Target:
+    """Which delegates validate checks, and how (`detect_target`)."""
 
-    The input sets and references come from, in order: `module` (the rebuilt
-    model, with `inputs` its example: eager outputs, no simulation), `inputs`
-    alone (no reference), compile's `reference_io` npz (default: beside the
-    .pte), or seeded random inputs drawn from the program's input specs (no
-    reference). `samples` caps the held-out samples (None: all stored, or
-    `DEFAULT_SAMPLES` drawn)."""
-    data = read_pte(pte)
-    info = inspect_pte(data)
-    every = [d for d in delegates(data, pte) if d.method == "forward"]
-    ids = [d.backend_id for d in every]
-    vgf = BACKEND_ID not in ids and VGF_BACKEND_ID in ids
-    ethos_u = BACKEND_ID not in ids and not vgf and ETHOS_U_BACKEND_ID in ids
-    # Arm's stock TOSABackend (a CodecQuantizer program lowered with TOSAPartitioner)
-    # holds a TOSA flatbuffer too; this runtime runs it as ours
-    stock_tosa = BACKEND_ID not in ids and not (vgf or ethos_u) and TOSA_BACKEND_ID in ids
-    backend_id = (VGF_BACKEND_ID if vgf else ETHOS_U_BACKEND_ID if ethos_u
-                  else TOSA_BACKEND_ID if stock_tosa else BACKEND_ID)
-    ours = [d for d in every if d.backend_id == backend_id]
-    if not ours:
-        raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
-    spec = ours[0].compile_specs.get("spec", {})
-    policy = spec.get("policy", "?")
-    reference = bool(spec.get("reference"))
-    notes: list[str] = []
+    kind: str  # "tosa" (ours), "stock tosa" (Arm's TOSABackend), "vgf", "ethos-u"
+    backend_id: str
+    delegates: dict[int, _Delegate]  # by index among the method's delegates
+    policy: str
+    reference: bool  # the reference policy: outputs are held to eager, not a simulation
+    notes: list[str] = field(default_factory=list)
 
-    by_index: dict[int, _Delegate] = {}
+
+def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Target:
+    """The delegates of the forward method that validate checks, the TOSA each ran
+    from (the payload itself, or for a VGF or Ethos-U delegate the model.tosa
+    beside the .pte) and the policy they were planned at (their provenance, or
+    for a stock delegate the report.json beside the .pte)."""
     from codec_tosa.serialization.tosa_stats import entry_io_counts
 
+    every = [d for d in delegates(data, pte) if d.method == "forward"]
+    ids = [d.backend_id for d in every]
+    kind = ("tosa" if BACKEND_ID in ids else "vgf" if VGF_BACKEND_ID in ids
+            else "ethos-u" if ETHOS_U_BACKEND_ID in ids
+            # Arm's stock TOSABackend (a CodecQuantizer program lowered with TOSAPartitioner)
+            # holds a TOSA flatbuffer too; this runtime runs it as ours
+            else "stock tosa" if TOSA_BACKEND_ID in ids else None)
+    if kind is None:
+        raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
+    backend_id = {"tosa": BACKEND_ID, "vgf": VGF_BACKEND_ID, "ethos-u": ETHOS_U_BACKEND_ID,
+                  "stock tosa": TOSA_BACKEND_ID}[kind]
+    ours = [d for d in every if d.backend_id == backend_id]
+    spec = ours[0].compile_specs.get("spec") or _report_spec(pte)
+    notes: list[str] = []
+    by_index: dict[int, _Delegate] = {}
     for k, d in enumerate(ours):
         stats_path: str | Path = pte
-        if vgf or ethos_u:
+        if kind in ("vgf", "ethos-u"):
             # Arm's VgfBackend and EthosUBackend keep only the VGF or Vela's command
-            # stream; compile writes the TOSA they were given beside the .pte
+            # stream; compile and codec_tosa.save write the TOSA they were given beside it
             tosa_file = Path(pte).with_name(delegate_file(k, "tosa"))
             tosa = tosa_file.read_bytes() if tosa_file.is_file() else None
             stats_path = tosa_file
-            if tosa is None and ethos_u:
+            if tosa is None and kind == "ethos-u":
                 raise ValidationError(
                     f"{pte}: delegate {d.index} is Vela's command stream, which nothing here runs, and "
                     f"there is no {tosa_file.name} beside the .pte (the TOSA Vela was given, which "
@@ -522,68 +483,124 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
             io_counts = (len(set(call.tensor_args) & set(info.inputs)), len(call.tensor_args)
                          - len(set(call.tensor_args) & set(info.inputs)))
         by_index[d.index] = _Delegate(d.index, d.backend_id, d.payload, tosa, io_counts)
-    wirings = delegate_wirings(info, backend_id, {i: d.io for i, d in by_index.items()}, pte)
+    return Target(kind, backend_id, by_index, spec.get("policy", "?"), bool(spec.get("reference")), notes)
 
-    # the input sets
-    io_path = Path(reference_io) if reference_io else Path(pte).with_name("reference_io.npz")
+
+def _report_spec(pte: str | Path) -> dict[str, object]:
+    """The spec compile or codec_tosa.save recorded in report.json (a stock delegate
+    carries no provenance of ours)."""
+    import json
+
+    path = Path(pte).with_name(REPORT)
+    try:
+        spec = json.loads(path.read_text()).get("spec", {}) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None, inputs: list[torch.Tensor] | None,
+               samples: int | None, module: Callable[..., object] | None, target: Target
+               ) -> tuple[list[InputSet], ReferenceIO | None, list[str]]:
+    """The input sets to run, in order of preference: `module` (the rebuilt model,
+    with `inputs` its example: eager outputs, no simulation), `inputs` alone (no
+    reference), the reference_io.npz beside the .pte (or `reference_io`), or
+    seeded random inputs drawn from the program's input specs (no reference)."""
+    notes: list[str] = []
+    io_path = Path(reference_io) if reference_io else Path(pte).with_name(REFERENCE_IO)
     if module is not None:
         if inputs is None:
             raise ValueError("validate: a rebuilt model needs its example inputs")
         cases = cases_from_module(module, inputs, DEFAULT_SAMPLES if samples is None else samples)
-        if not reference:
+        if not target.reference:
             notes.append("the simulation of the plan cannot be rebuilt from the .pte (it needs the "
                          "calibrated plan compile keeps in reference_io.npz): the outputs are compared "
                          "with FP32 eager by SQNR only")
-    elif inputs is not None:
-        cases = [Case("given inputs", list(inputs))]
-    elif io_path.is_file():
-        cases, more = cases_from_reference_io(dict(np.load(io_path)), samples)
-        notes += more
-    else:
+        return cases, None, notes
+    if inputs is not None:
+        return [InputSet("given inputs", list(inputs))], None, notes
+    if io_path.is_file():
         try:
-            drawn = inputs_for_specs(info.input_specs, DEFAULT_SAMPLES if samples is None else samples)
-        except ValueError as e:
-            raise ValidationError(f"{pte}: {e}") from None
-        cases = [Case(f"random {s}", list(x)) for s, x in enumerate(drawn)]
-        notes.append(f"no reference_io.npz beside the .pte, no --inputs, no --model: {len(cases)} seeded "
-                     "random inputs drawn from the program's input specs; only the reference model and the "
-                     "runtime were compared")
-    if vgf:
-        notes.append("this ExecuTorch runtime has no VgfBackend: each VGF ran on the ML SDK emulation "
-                     "layer (lavapipe) instead, and the CPU part of the program did not run")
-        runner: _Runner = _VgfRunner(wirings, by_index, len(info.outputs))
-    elif ethos_u:
-        notes.append("Vela's command stream itself is not executed here (this runtime has no "
-                     f"{ETHOS_U_BACKEND_ID}): the program ran in ExecuTorch with each Ethos-U delegate replaced "
-                     "by the TOSA Vela was given, on the TOSA reference model, and its CPU operators "
-                     "(the input quantize, the output dequantize) on ExecuTorch's kernels")
-        stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()
-                                                  if d.tosa is not None}, pte)
-        runner = _ExecuTorchRunner(stand_in, pte, wirings, by_index)
-    elif stock_tosa:
-        notes.append(f"the {TOSA_BACKEND_ID} delegates ran on codec_tosa's runtime backend (the TOSA "
-                     "reference model), which this ExecuTorch runtime has in place of Arm's")
-        relabelled = with_delegates_replaced(data, {i: (BACKEND_ID, d.payload) for i, d in by_index.items()}, pte)
-        runner = _ExecuTorchRunner(relabelled, pte, wirings, by_index)
-    else:
-        runner = _ExecuTorchRunner(data, pte, wirings, by_index)
+            ref, more = ReferenceIO.load(io_path, samples)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValidationError(f"{io_path}: not a reference_io.npz compile or codec_tosa.save wrote: {e}") \
+                from None
+        return ref.sets, ref, notes + more
+    try:
+        drawn = inputs_for_specs(info.input_specs, DEFAULT_SAMPLES if samples is None else samples)
+    except ValueError as e:
+        raise ValidationError(f"{pte}: {e}") from None
+    notes.append(f"no reference_io.npz beside the .pte, no --inputs, no --model: {len(drawn)} seeded "
+                 "random inputs drawn from the program's input specs; only the reference model and the "
+                 "runtime were compared")
+    return [InputSet(f"random {s}", list(x)) for s, x in enumerate(drawn)], None, notes
 
+
+def make_runner(target: Target, data: bytes, pte: str | Path, wirings: list[DelegateWiring],
+                n_outputs: int) -> tuple[_Runner, list[str]]:
+    """What runs the program, and the notes that say what it is."""
+    if target.kind == "vgf":
+        return _VgfRunner(wirings, target.delegates, n_outputs), [
+            "this ExecuTorch runtime has no VgfBackend: each VGF ran on the ML SDK emulation "
+            "layer (lavapipe) instead, and the CPU part of the program did not run"]
+    if target.kind == "ethos-u":
+        stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in target.delegates.items()
+                                                  if d.tosa is not None}, pte)
+        return _ExecuTorchRunner(stand_in, pte, wirings, target.delegates), [
+            "Vela's command stream itself is not executed here (this runtime has no "
+            f"{ETHOS_U_BACKEND_ID}): the program ran in ExecuTorch with each Ethos-U delegate replaced "
+            "by the TOSA Vela was given, on the TOSA reference model, and its CPU operators "
+            "(the input quantize, the output dequantize) on ExecuTorch's kernels"]
+    if target.kind == "stock tosa":
+        relabelled = with_delegates_replaced(data, {i: (BACKEND_ID, d.payload) for i, d in target.delegates.items()},
+                                             pte)
+        return _ExecuTorchRunner(relabelled, pte, wirings, target.delegates), [
+            f"the {TOSA_BACKEND_ID} delegates ran on codec_tosa's runtime backend (the TOSA reference "
+            "model), which this ExecuTorch runtime has in place of Arm's"]
+    return _ExecuTorchRunner(data, pte, wirings, target.delegates), []
+
+
+def validate(pte: str | Path, reference_io: str | Path | None = None,
+             inputs: list[torch.Tensor] | None = None, samples: int | None = None,
+             module: Callable[..., object] | None = None) -> Validation:
+    """Validate `pte` on the example and held-out samples (docs/DESIGN.md, "Validation").
+
+    The input sets come from `input_sets`; `samples` caps the held-out samples
+    (None: all stored, or `DEFAULT_SAMPLES` drawn)."""
+    data = read_pte(pte)
+    info = inspect_pte(data)
+    target = detect_target(data, info, pte)
+    wirings = delegate_wirings(info, target.backend_id, {i: d.io for i, d in target.delegates.items()}, pte)
+    cases, ref, notes = input_sets(pte, info, reference_io, inputs, samples, module, target)
+    runner, runner_notes = make_runner(target, data, pte, wirings, len(info.outputs))
+    result = compare(str(pte), cases, ref, runner, wirings, target, len(info.outputs))
+    result.notes[:0] = target.notes + notes + runner_notes
+    called = {w.delegate for w in wirings}
+    result.notes += [f"delegate {i} is never called by the forward plan" for i in target.delegates if i not in called]
+    return result
+
+
+def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _Runner,
+            wirings: list[DelegateWiring], target: Target, n_out: int) -> Validation:
+    """Run every input set; hold each delegate call to the reference model, the
+    planned FP32 program to eager, and each program output to its plan's criterion."""
+    vgf = target.kind == "vgf"
     # the runtime records what each call really read, so a CPU-fed delegate is
     # compared too; the emulation layer sees only what the program hands it
-    checks = {w.delegate: DelegateCheck(w.delegate, backend_id, [None] * w.outputs,
+    checks = {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
                                         (w.reason if vgf else None) or (
-                                            None if by_index[w.delegate].tosa is not None
+                                            None if target.delegates[w.delegate].tosa is not None
                                             else "its TOSA is not available"))
               for w in wirings}
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
+    reference = target.reference
     has_eager = all(c.eager is not None for c in cases)
-    expected_of: Callable[[Case], list[np.ndarray] | None] = (
+    expected_of: Callable[[InputSet], list[np.ndarray] | None] = (
         (lambda c: c.eager) if reference else (lambda c: c.simulated))
     has_expected = all(expected_of(c) is not None for c in cases)
-    io = dict(np.load(io_path)) if module is None and inputs is None and io_path.is_file() else {}
+    steps = ref.steps if ref is not None else []
 
-    n_out = len(info.outputs)
     worst_ratio = [-1.0] * n_out
     result_outputs = [OutputCheck(p, math.nan, None, None, None) for p in range(n_out)]
     ran = False
@@ -607,23 +624,31 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
             if out is None:
                 o.computed = False
                 continue
-            if case.eager is not None:
+            floating = np.issubdtype(out.dtype, np.floating)
+            if case.eager is not None and floating:
                 sq = sqnr_db(case.eager[p].reshape(out.shape), out)
                 if o.sqnr_db is None or sq < o.sqnr_db:
                     o.sqnr_db, o.sqnr_case = sq, case.label
+            if case.eager is not None and case.planned is not None:
+                e = case.eager[p].reshape(out.shape)
+                planned = max_difference(e, case.planned[p].reshape(out.shape))
+                tol = Z_RTOL * max(finite_span(e), 1e-12)
+                if o.planned_max_abs is None or planned / tol > o.planned_max_abs / (o.planned_tolerance or 1.0):
+                    o.planned_max_abs, o.planned_tolerance, o.planned_case = planned, tol, case.label
             if expected is None:
                 continue
             e = expected[p].reshape(out.shape)
-            diff = _max_abs(e, out)
+            diff = max_difference(e, out)
             allowance = None if reference or case.allowance is None else case.allowance[p].reshape(out.shape)
             # each element's distance beyond how far the ambiguous codes move it
             beyond = diff if allowance is None or not e.size else float(np.max(
-                np.abs(e.astype(np.float64) - out.astype(np.float64)) - allowance))
-            span = float(np.max(np.abs(e))) if e.size else 0.0
-            if reference:
+                np.where(np.isfinite(e), np.abs(e.astype(np.float64) - out.astype(np.float64)), 0.0)
+                - allowance))
+            span = finite_span(e)
+            if reference or not floating:
                 tol = Z_RTOL * max(span, 1e-12)
             else:
-                step = float(io[f"step_{p}"]) if f"step_{p}" in io else (
+                step = steps[p] if p < len(steps) else (
                     float(e.max() - e.min()) / 255.0 if e.size else 0.0)
                 o.step = step
                 # the FP32 operators between codecs are held to the policy-Z
@@ -642,24 +667,14 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
         if p in source:
             m = checks[source[p][0]].max_abs[source[p][1]]
             o.ref_vs_runtime_max_abs = math.nan if m is None else m
-        if f"sensitivity_{p}" in io and not reference:
-            o.sensitivity = float(io[f"sensitivity_{p}"])
+        if ref is not None and ref.sensitivity is not None and p < len(ref.sensitivity) and not reference:
+            o.sensitivity = ref.sensitivity[p]
 
     expected_name = ("eager" if reference else "simulation") if has_expected else "none"
-    if not has_eager:
-        notes.append("no FP32 eager output was available: no SQNR")
-    result = Validation(str(pte), policy, expected_name, ran, result_outputs, notes,
+    notes = [] if has_eager else ["no FP32 eager output was available: no SQNR"]
+    result = Validation(pte, target.policy, expected_name, ran, result_outputs, notes,
                         [checks[w.delegate] for w in wirings], len(cases), _describe(cases), runner.name,
                         ambiguous_codes=sum(c.ambiguous for c in cases))
-    for d in ours:
-        if d.index not in checks:
-            result.notes.append(f"delegate {d.index} is never called by the forward plan")
     result.warnings += [w for o in result.outputs if o.sqnr_db is not None
                         for w in [sqnr_warning(o.index, o.sqnr_db, f"the {runner.name}'s output")] if w]
     return result
-
-
-def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    if not a.size:
-        return 0.0
-    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))

@@ -47,6 +47,8 @@ ScalarType scalar_type_for(ElementType type) {
   switch (type) {
     case ElementType::kFloat32:
       return ScalarType::Float;
+    case ElementType::kFloat16:
+      return ScalarType::Half;
     case ElementType::kInt8:
       return ScalarType::Char;
     case ElementType::kInt16:

@@ -44,6 +44,9 @@ bool to_element_type(tosa::DType dtype, ElementType* out) {
     case tosa::DType_FP32:
       *out = ElementType::kFloat32;
       return true;
+    case tosa::DType_FP16:
+      *out = ElementType::kFloat16;
+      return true;
     case tosa::DType_INT8:
       *out = ElementType::kInt8;
       return true;
@@ -87,7 +90,7 @@ bool describe_tensor(
   if (!to_element_type(tensor->GetDtype(), &type)) {
     *error = "boundary tensor '" + name + "' has TOSA dtype " +
         tosa::EnumNameDType(tensor->GetDtype()) +
-        "; this runtime exchanges only FP32, INT8, INT16, INT32 and BOOL";
+        "; this runtime exchanges only FP32, FP16, INT8, INT16, INT32 and BOOL";
     return false;
   }
   size_t numel = 1;
@@ -188,6 +191,9 @@ bool set_input_any(
   switch (spec.type) {
     case ElementType::kFloat32:
       return set_input<float>(runner, spec, data);
+    case ElementType::kFloat16:
+      // The runner's byte interface takes IEEE binary16, ExecuTorch's Half.
+      return runner.setInput(spec.name, static_cast<uint8_t*>(const_cast<void*>(data)), spec.nbytes) == 0;
     case ElementType::kInt8:
       return set_input<int8_t>(runner, spec, data);
     case ElementType::kInt16:
@@ -207,6 +213,8 @@ bool get_output_any(
   switch (spec.type) {
     case ElementType::kFloat32:
       return get_output<float>(runner, spec, data);
+    case ElementType::kFloat16:
+      return runner.getOutput(spec.name, static_cast<uint8_t*>(data), spec.nbytes) == 0;
     case ElementType::kInt8:
       return get_output<int8_t>(runner, spec, data);
     case ElementType::kInt16:
@@ -237,6 +245,8 @@ const char* element_type_name(ElementType type) {
   switch (type) {
     case ElementType::kFloat32:
       return "FP32";
+    case ElementType::kFloat16:
+      return "FP16";
     case ElementType::kInt8:
       return "INT8";
     case ElementType::kInt16:
@@ -255,6 +265,7 @@ size_t element_size(ElementType type) {
     case ElementType::kInt32:
       return 4;
     case ElementType::kInt16:
+    case ElementType::kFloat16:
       return 2;
     case ElementType::kInt8:
     case ElementType::kBool:

@@ -15,7 +15,7 @@ namespace codec_tosa {
 
 // The element types this runtime can exchange with ExecuTorch. Anything else
 // at the graph boundary makes `TosaProgram::parse` fail.
-enum class ElementType { kFloat32, kInt8, kInt16, kInt32, kBool };
+enum class ElementType { kFloat32, kFloat16, kInt8, kInt16, kInt32, kBool };
 
 const char* element_type_name(ElementType type);
 size_t element_size(ElementType type);

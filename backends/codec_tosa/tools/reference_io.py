@@ -1,0 +1,283 @@
+"""reference_io.npz: the plan's reference inputs and outputs (docs/DESIGN.md, "Validation").
+
+`codec-tosa compile` and `codec_tosa.save` write it beside the .pte, `validate`
+reads it; this module is the one place that knows its format and the one place
+that computes it (the *reference stage*). Per input set (the example, then the
+held-out samples), as the program takes and returns them (pytree leaves,
+`codec_tosa.pytrees`):
+
+* the inputs;
+* ``eager``: the FP32 model's outputs (the user's module, not a graph of ours);
+* ``planned``: the program as planned, in FP32, before any codec (batch norms
+  folded, the decompositions Arm's and ours applied): an oracle independent of
+  the codecs, which must equal eager to FP32 precision, so that a structural
+  error in the lowering fails even where the simulation shares it;
+* ``simulated``: the plan's simulation (bit-exact with the artefact), with the
+  allowance its ambiguous codes give each element (`simulation.simulate_envelope`);
+
+and per output its quantisation step and its rounding sensitivity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from codec_tosa.planning import PlannedProgram
+from codec_tosa.pytrees import leaves, tensor_leaves
+from codec_tosa.simulation import Envelope, run_planned, simulate, simulate_envelope
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.metrics import sqnr_db, sqnr_warning
+
+FILE = "reference_io.npz"
+_ROLES = ("eager", "simulated", "planned", "allowance")
+
+
+@dataclass
+class InputSet:
+    """One set of program inputs, with what the model and its plan make of it."""
+
+    label: str  # "example", "sample 3", "random 0", "given inputs"
+    inputs: list[torch.Tensor]  # the program's inputs, flat
+    eager: list[np.ndarray] | None = None
+    simulated: list[np.ndarray] | None = None
+    planned: list[np.ndarray] | None = None  # the program as planned, FP32, no codec
+    # per output element, how far the ambiguous codes may move it (None: not one)
+    allowance: list[np.ndarray] | None = None
+    ambiguous: int = 0  # codes the artefact may legitimately round the other way
+    envelope_complete: bool = True  # each of them was flipped alone
+
+
+@dataclass
+class ReferenceIO:
+    sets: list[InputSet]  # the example first
+    steps: list[float]  # one quantisation step per output (an FP32 output's range / 255)
+    sensitivity: list[float] | None = None  # how far the simulation moves under one ulp of input
+
+    def save(self, path: str | Path) -> None:
+        np.savez(path, **self.arrays())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The npz's arrays: input_i, eager_i, ... of the example; the held-out
+        samples stacked on a leading axis as sample_input_i, ...; step_i,
+        sensitivity_i; ambiguous_codes and envelope_complete per input set."""
+        example, samples = self.sets[0], self.sets[1:]
+        out: dict[str, np.ndarray] = {f"input_{i}": _numpy(x) for i, x in enumerate(example.inputs)}
+        out.update({f"step_{i}": np.float64(s) for i, s in enumerate(self.steps)})
+        out.update({f"sensitivity_{i}": np.float64(s) for i, s in enumerate(self.sensitivity or ())})
+        for role in _ROLES:
+            for i, a in enumerate(getattr(example, role) or ()):
+                out[f"{role}_{i}"] = a
+        if samples:
+            for i in range(len(example.inputs)):
+                out[f"sample_input_{i}"] = np.stack([_numpy(s.inputs[i]) for s in samples])
+            for role in _ROLES:
+                if all(getattr(s, role) is not None for s in samples):
+                    for i in range(len(getattr(samples[0], role))):
+                        out[f"sample_{role}_{i}"] = np.stack([getattr(s, role)[i] for s in samples])
+        out["ambiguous_codes"] = np.array([s.ambiguous for s in self.sets], dtype=np.int64)
+        out["envelope_complete"] = np.array([s.envelope_complete for s in self.sets])
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path, samples: int | None = None) -> tuple["ReferenceIO", list[str]]:
+        """The example and up to `samples` held-out sets (None: all) of an npz
+        `save` wrote, and notes on what was asked for but is not there."""
+        with np.load(path) as data:
+            io = dict(data)
+        notes: list[str] = []
+        n_in = _count(io, "input")
+
+        def role(name: str, s: int | None) -> list[np.ndarray] | None:
+            key = name if s is None else f"sample_{name}"
+            n = _count(io, key)
+            return [io[f"{key}_{i}"] if s is None else io[f"{key}_{i}"][s] for i in range(n)] if n else None
+
+        ambiguous = io.get("ambiguous_codes")
+        complete = io.get("envelope_complete")
+
+        def input_set(label: str, case: int, s: int | None) -> InputSet:
+            inputs = [torch.from_numpy(io[f"input_{i}"] if s is None else io[f"sample_input_{i}"][s])
+                      for i in range(n_in)]
+            return InputSet(label, inputs, role("eager", s), role("simulated", s), role("planned", s),
+                            role("allowance", s),
+                            int(ambiguous[case]) if ambiguous is not None else 0,
+                            bool(complete[case]) if complete is not None else True)
+
+        stored = int(io["sample_input_0"].shape[0]) if "sample_input_0" in io else 0
+        n = stored if samples is None else min(samples, stored)
+        if samples is not None and samples > stored:
+            notes.append(f"{samples} samples asked for, reference_io.npz holds {stored} "
+                         "(compile --samples N stores more)")
+        sets = [input_set("example", 0, None)] + [input_set(f"sample {s}", s + 1, s) for s in range(n)]
+        steps = [float(io[f"step_{i}"]) for i in range(_count(io, "step"))]
+        sensitivity = [float(io[f"sensitivity_{i}"]) for i in range(_count(io, "sensitivity"))] or None
+        return cls(sets, steps, sensitivity), notes
+
+
+def _count(io: dict[str, np.ndarray], prefix: str) -> int:
+    n = 0
+    while f"{prefix}_{n}" in io:
+        n += 1
+    return n
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+# ------------------------------------------------------------------ the reference stage
+
+
+@dataclass
+class Reference:
+    """What the reference stage computed: the record, report.json's account of the
+    ambiguous codes, and the SQNR warnings."""
+
+    io: ReferenceIO
+    ambiguous: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def program_outputs(module: Callable[..., Any], inputs: Sequence[Any], signature: Any = None) -> list[torch.Tensor]:
+    """`module`'s outputs on `inputs` as the exported program returns them: the
+    tensor leaves of what it returns, and, where `signature` (an ExportGraphSignature)
+    says the program mutates an input in place, that input's value after the call,
+    in the signature's output order."""
+    from torch.export.graph_signature import OutputKind
+
+    cloned = tuple(_cloned(x) for x in inputs)
+    with torch.no_grad():
+        returned = iter(tensor_leaves(module(*cloned)))
+    if signature is None:
+        return list(returned)
+    flat_inputs = leaves(cloned)
+    users = list(signature.user_inputs)
+    out: list[torch.Tensor] = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT:
+            t = next(returned, None)
+            if t is not None:
+                out.append(t)
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION and spec.target in users:
+            out.append(flat_inputs[users.index(spec.target)])
+    return out
+
+
+def _cloned(x: Any) -> Any:
+    from codec_tosa.pytrees import map_tensors
+
+    return map_tensors(x, lambda t: t.clone())
+
+
+def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any], inputs: Sequence[Any],
+                      held_out: Sequence[Sequence[Any]], spec: CodecSpec, signature: Any = None,
+                      simulated: bool = True) -> Reference:
+    """The reference stage: eager, planned and simulated outputs of the example and
+    the held-out inputs, with the allowance of the ambiguous codes. `planned` None:
+    nothing was planned (the program is the model). `simulated` False skips the
+    plan's outputs altogether (`compile --samples 0`): validate can then compare
+    the artefact with eager by SQNR only, and says so."""
+    cases = [tuple(inputs), *(tuple(x) for x in held_out)]
+    eager = [program_outputs(module, x, signature) for x in cases]
+    sets = [InputSet("example" if k == 0 else f"sample {k - 1}", leaves(x), [_numpy(t) for t in e])
+            for k, (x, e) in enumerate(zip(cases, eager))]
+    envelopes: list[Envelope] = []
+    if not simulated:
+        pass
+    elif planned is not None:
+        for s, x in zip(sets, cases):
+            s.planned = [_numpy(t) for t in run_planned(planned, x)]
+        if spec.reference:
+            for s in sets:
+                s.simulated = [_numpy(t) for t in simulate(planned, s.inputs)]
+        else:
+            envelopes = [simulate_envelope(planned, x) for x in cases]
+            for s, e in zip(sets, envelopes):
+                s.simulated = [_numpy(t) for t in e.outputs]
+                s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
+                if any(env.ambiguous for env in envelopes):
+                    s.allowance = [_numpy(a) for a in e.allowance]
+    else:
+        for s in sets:
+            s.simulated = s.eager
+    fallback = fp32_steps(eager[0])
+    steps = planned.output_steps(fallback) if planned is not None else fallback
+    sensitivity = (rounding_sensitivity(planned, cases[0], sets[0].simulated)
+                   if simulated and planned is not None and not spec.reference else None)
+    io = ReferenceIO(sets, steps, sensitivity)
+    return Reference(io, envelope_summary(envelopes) if envelopes else None, sqnr_warnings(sets))
+
+
+def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:
+    """report.json's account of the ambiguous codes, per input set (the example first)."""
+    from codec_tosa.rounding_ambiguity import FP32_EPS
+
+    return {"per_input_set": [len(e.ambiguous) for e in envelopes],
+            "total": sum(len(e.ambiguous) for e in envelopes),
+            "encodes": sorted({a.node for e in envelopes for a in e.ambiguous}),
+            "resimulations": sum(e.resimulations for e in envelopes),
+            "complete": all(e.complete for e in envelopes),
+            "fp32_eps": FP32_EPS}
+
+
+def sqnr_warnings(sets: Sequence[InputSet]) -> list[str]:
+    """A warning per floating-point output whose worst SQNR (simulation against FP32
+    eager, over the input sets) is below the floor."""
+    out = []
+    for i, e in enumerate(sets[0].eager or ()):
+        if not np.issubdtype(e.dtype, np.floating):
+            continue
+        pairs = [(s.eager[i], s.simulated[i]) for s in sets if s.eager and s.simulated]
+        if not pairs:
+            continue
+        w = sqnr_warning(i, min(sqnr_db(e_, a) for e_, a in pairs), "the simulation of the plan")
+        if w:
+            out.append(w)
+    return out
+
+
+def one_ulp_away(inputs: Sequence[torch.Tensor], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Every floating-point input element moved one ulp up or down (at random)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for x in leaves(tuple(inputs)):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            up = torch.rand(x.shape, generator=gen) < 0.5
+            x = torch.nextafter(x, torch.where(up, torch.inf, -torch.inf).to(x.dtype))
+        out.append(x)
+    return tuple(out)
+
+
+def rounding_sensitivity(planned: PlannedProgram, inputs: Sequence[Any],
+                         simulated: Sequence[np.ndarray]) -> list[float]:
+    """max |simulation(inputs one ulp away) - simulation(inputs)| per floating-point
+    output (0 for others).
+
+    A lower bound on how far two correct implementations of the plan can differ
+    when they round differently: a deep model can amplify one flipped code into
+    many quantisation steps at its outputs (validate reports it beside the
+    one-step criterion)."""
+    from codec_tosa.tools.metrics import max_difference
+
+    moved = simulate(planned, one_ulp_away(inputs))
+    return [max_difference(_numpy(m).reshape(s.shape), s) if np.issubdtype(s.dtype, np.floating) else 0.0
+            for m, s in zip(moved, simulated)]
+
+
+def fp32_steps(outputs: Sequence[torch.Tensor]) -> list[float]:
+    """One "step" of an output computed in FP32: its finite range / 255 (0 for a
+    non-float output, which is compared exactly)."""
+    steps = []
+    for e in outputs:
+        finite = e[torch.isfinite(e)] if e.is_floating_point() else e[:0]
+        steps.append(float(finite.max() - finite.min()) / 255.0 if finite.numel() else 0.0)
+    return steps
+
+
+__all__ = ["FILE", "InputSet", "Reference", "ReferenceIO", "envelope_summary", "fp32_steps", "one_ulp_away",
+           "program_outputs", "reference_outputs", "rounding_sensitivity", "sqnr_warnings"]

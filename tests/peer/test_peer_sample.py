@@ -1,0 +1,45 @@
+"""A seeded sample of the peer suite through our flows, in `make test` (`make peer` runs all).
+
+Each sampled case is one stock Arm INT8 delegates (tests/peer/stock_baseline.json):
+ours must PASS at W and at I, or refuse in one line, never crash, time out or
+leave the CPU to run it silently. `CODEC_TOSA_PEER_SEED` draws another sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cases import PeerCase, collect_cases  # noqa: E402
+from ours import isolated, run_policy  # noqa: E402
+
+BASELINE = Path(__file__).parent / "stock_baseline.json"
+SEED = int(os.environ.get("CODEC_TOSA_PEER_SEED", "0"))
+SAMPLE = 3
+
+
+def _sample() -> list[PeerCase]:
+    stock = json.loads(BASELINE.read_text())["cases"]
+    eligible = [c for c in collect_cases() if c.skip is None and c.arm_xfail is None
+                and stock.get(c.id, {}).get("int", {}).get("delegated")
+                and stock[c.id].get("fp", {}).get("delegated")]
+    return random.Random(SEED).sample(eligible, SAMPLE)
+
+
+@pytest.mark.parametrize("case", _sample(), ids=lambda c: c.id)
+@pytest.mark.parametrize("policy", ["W", "I"])
+def test_stock_delegated_case_passes_or_is_refused_in_one_line(case: PeerCase, policy: str) -> None:
+    record = isolated(run_policy, (case, policy), timeout=300.0)
+    verdict, line = record.get("verdict"), record.get("line", "")
+    if verdict == "refused":
+        assert line and "\n" not in line, (case.id, line)
+        return
+    assert verdict == "PASS", f"{case.id} at {policy}: {verdict}: {line}"
+    assert record["delegates"] >= 1, case.id

@@ -1,0 +1,66 @@
+"""Models whose inputs and outputs are not one float tensor: bool and inf/NaN
+outputs, an input mutated in place, nested inputs and outputs (issues 22, 27).
+Each builder returns (module in eval mode, example inputs)."""
+
+import torch
+from torch import nn
+
+class Compare(nn.Module):
+    def __init__(self):
+        super().__init__(); self.c = nn.Conv2d(3, 4, 3, padding=1)
+    def forward(self, x):
+        y = self.c(x)
+        return y, y > 0
+
+def compare():
+    torch.manual_seed(0); return Compare().eval(), (torch.randn(1, 3, 8, 8),)
+
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__(); self.c = nn.Conv2d(3, 3, 3, padding=1)
+    def forward(self, x):
+        x.add_(1.0)
+        return self.c(x)
+
+def in_place():
+    torch.manual_seed(0); return InPlace().eval(), (torch.randn(1, 3, 8, 8),)
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__(); self.lstm = nn.LSTM(8, 16, batch_first=True); self.fc = nn.Linear(16, 4)
+    def forward(self, x, state):
+        y, (h, c) = self.lstm(x, state)
+        return {"logits": self.fc(y[:, -1]), "state": (h, c)}
+
+def nested():
+    torch.manual_seed(0)
+    return Nested().eval(), (torch.randn(1, 5, 8), (torch.zeros(1, 1, 16), torch.zeros(1, 1, 16)))
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x), 1.0 / x
+
+def log():
+    return Log().eval(), (torch.rand(1, 16) * torch.tensor([0.0] + [1.0] * 15),)
+
+def circular():
+    torch.manual_seed(0)
+    return nn.Conv2d(3, 4, 5, padding=2, padding_mode="circular").eval(), (torch.randn(1, 3, 19, 19),)
+
+
+class ConvBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.c(x))
+
+
+def conv_bn():
+    torch.manual_seed(0)
+    m = ConvBn().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    return m, (torch.randn(1, 3, 8, 8),)

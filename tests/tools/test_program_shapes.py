@@ -1,0 +1,65 @@
+"""Outputs and inputs that are not one float tensor, through compile and validate
+(issues 22 and 27): each compiles and validates PASS; and the structural oracle
+(the planned FP32 program against eager) fails an error the simulation shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import program_shapes
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.compiler import compile_model
+from codec_tosa.tools.validate import Verdict, validate
+
+SPEC = program_shapes.__file__
+
+
+def _compile(model: str, policy: str, out: Path) -> Path:
+    compile_model(f"{SPEC}:{model}", CodecSpec(policy), out, progress=False, samples=2)
+    return out / "model.pte"
+
+
+@pytest.mark.parametrize("model,policy", [("compare", "I"), ("in_place", "W"), ("log", "W")])
+def test_compiles_and_validates(model: str, policy: str, tmp_path: Path) -> None:
+    v = validate(_compile(model, policy, tmp_path))
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+    assert all(o.planned_max_abs is not None for o in v.outputs)  # the oracle ran on every output
+
+
+def test_nested_inputs_and_outputs_are_flattened_as_torch_export_does(tmp_path: Path) -> None:
+    """The LSTM takes (x, (h0, c0)) and returns {"logits", "state": (h, c)}: the
+    program takes 3 tensors and returns 3, in torch.export's pytree order."""
+    v = validate(_compile("nested", "W", tmp_path))
+    assert v.verdict is Verdict.PASS and len(v.outputs) == 3
+    io = np.load(tmp_path / "reference_io.npz")
+    model, (x, (h0, c0)) = program_shapes.nested()
+    assert [io[f"input_{i}"].shape for i in range(3)] == [x.shape, h0.shape, c0.shape]
+    with torch.no_grad():
+        out = model(x, (h0, c0))
+    assert np.array_equal(io["eager_0"], out["logits"].numpy())
+    assert np.array_equal(io["eager_2"], out["state"][1].numpy())
+
+
+def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch norm folded wrongly (its convolution's weight scaled by 1.5 after
+    folding): the artefact equals the simulation bit for bit, since both run the
+    wrong weights, but the planned FP32 program no longer equals eager: FAIL."""
+    from codec_tosa import partitioner
+
+    fold = partitioner.fold_batch_norms
+
+    def wrong(ep):  # type: ignore[no-untyped-def]
+        fold(ep)
+        name = next(k for k in ep.state_dict if k.endswith("weight") and ep.state_dict[k].dim() == 4)
+        ep.state_dict[name].mul_(1.5)
+
+    monkeypatch.setattr(partitioner, "fold_batch_norms", wrong)
+    v = validate(_compile("conv_bn", "W", tmp_path))
+    assert v.verdict is Verdict.FAIL
+    (o,) = v.outputs
+    assert o.planned_failed and o.vs_expected_max_abs == 0.0
+    assert any("a structural error" in line for line in v.lines())
