@@ -17,7 +17,7 @@ from codec_tosa.calibration import random_calibration
 from codec_tosa.graph import has_empty_tensor, target_key
 from codec_tosa.planning import PlannedProgram, plan_program
 from codec_tosa.provenance import option_specs, provenance_specs
-from codec_tosa.spec import CodecSpec
+from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 
 
 class CodecTosaPartitioner(Partitioner):
@@ -46,6 +46,10 @@ class CodecTosaPartitioner(Partitioner):
                             if calibration is not None else None)
         checks = [_NoEmptyTensors()]
         spec_ = self.codec_spec
+        if spec_.target == XNNPACK_TARGET:
+            raise ValueError("CodecTosaPartitioner: --target xnnpack is lowered by XNNPACK's own partitioner: "
+                             "quantize with CodecQuantizer(spec), then to_edge_transform_and_lower(ep, "
+                             "partitioner=[XnnpackPartitioner()])")
         if spec_.ethos_u:
             arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
             self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
