@@ -217,14 +217,21 @@ def edge_program(program: ExportedProgram, partitioner: Partitioner) -> Exported
     class Decomposing(Partitioner):
         def __init__(self) -> None:
             super().__init__()
+            self.partitioned = False
 
         def transform_for_pre_decomposition(self, ep: ExportedProgram) -> ExportedProgram:
             return partitioner.transform_for_pre_decomposition(ep)
 
         def ops_to_not_decompose(self, ep: ExportedProgram) -> Any:
-            return partitioner.ops_to_not_decompose(ep)
+            ops, check = partitioner.ops_to_not_decompose(ep)
+            if self.partitioned:
+                # asked again after partitioning, to check that every kept operator was
+                # delegated: none is here (XnnpackPartitioner keeps aten.linear whole)
+                return ops, (lambda node: False)
+            return ops, check
 
         def partition(self, ep: ExportedProgram) -> PartitionResult:
+            self.partitioned = True
             return PartitionResult(tagged_exported_program=ep, partition_tags={})
 
     edge = to_edge_transform_and_lower(copy.deepcopy(program), partitioner=[Decomposing()])
