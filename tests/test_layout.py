@@ -15,7 +15,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("placement",),
     ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec"),
     ("_passes",),
-    ("analysis", "accounting", "serialization", "arm_adapter"),
+    ("analysis", "accounting", "serialization", "arm_adapter", "int8_targets"),
     ("backend",),
     ("planning", "partitioner", "quantizer", "simulation", "rounding_ambiguity"),
     ("runtime",),

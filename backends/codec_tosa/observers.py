@@ -32,15 +32,25 @@ from torchao.quantization.pt2e.observer import ObserverBase
 
 from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX
 from codec_tosa.codecs.base import Theta
-from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX, INT32_QMIN, QMAX, QMIN, SYMMETRIC_CODEC
+from codec_tosa.codecs.int8 import (
+    DEFAULT_CODEC,
+    EXACT_ZERO_POINT_CODEC,
+    INT32_QMAX,
+    INT32_QMIN,
+    QMAX,
+    QMIN,
+    SYMMETRIC_CODEC,
+)
 
 
 class DomainObserver(ObserverBase):
     """One domain's range and theta. `clip` is the (lo, hi) of the clamps the plan
-    learns the domain's theta after (None: no clamp)."""
+    learns the domain's theta after (None: no clamp); `near_symmetric=False` keeps
+    every zero point the range asks for (`Int8Affine`)."""
 
     def __init__(self, dtype: torch.dtype = torch.int8, observer: str = MINMAX, symmetric: bool = False,
-                 clip: tuple[float, float] | None = None, label: str = "", **_: Any) -> None:
+                 clip: tuple[float, float] | None = None, label: str = "", near_symmetric: bool = True,
+                 **_: Any) -> None:
         super().__init__(dtype=dtype)
         if observer not in (MINMAX, HISTOGRAM):
             raise ValueError(f"unknown observer {observer!r}")
@@ -48,6 +58,7 @@ class DomainObserver(ObserverBase):
         self.quant_min, self.quant_max = QMIN, QMAX
         self.observer = observer
         self.symmetric = symmetric
+        self.near_symmetric = near_symmetric
         self.clip = clip
         self.label = label  # the domain and its dominator, for error messages
         self.register_buffer("min_val", torch.tensor(math.inf, dtype=torch.float64))
@@ -80,7 +91,8 @@ class DomainObserver(ObserverBase):
             scale, zero_point = self.histogram.calculate_qparams()
             s, z = float(scale), int(zero_point)
             lo, hi = (QMIN - z) * s, (QMAX - z) * s
-        codec = SYMMETRIC_CODEC if self.symmetric else DEFAULT_CODEC
+        codec = SYMMETRIC_CODEC if self.symmetric else (DEFAULT_CODEC if self.near_symmetric
+                                                         else EXACT_ZERO_POINT_CODEC)
         return codec.learn(lo, hi)
 
     def calculate_qparams(self, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from codec_tosa.calibration import random_calibration
 from codec_tosa.graph import has_empty_tensor, target_key
 from codec_tosa.planning import PlannedProgram, plan_program
 from codec_tosa.provenance import option_specs, provenance_specs
-from codec_tosa.spec import CodecSpec
+from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 
 
 class CodecTosaPartitioner(Partitioner):
@@ -46,6 +46,10 @@ class CodecTosaPartitioner(Partitioner):
                             if calibration is not None else None)
         checks = [_NoEmptyTensors()]
         spec_ = self.codec_spec
+        if spec_.target == XNNPACK_TARGET:
+            raise ValueError("CodecTosaPartitioner: --target xnnpack is lowered by XNNPACK's own partitioner: "
+                             "quantize with CodecQuantizer(spec), then to_edge_transform_and_lower(ep, "
+                             "partitioner=[XnnpackPartitioner()])")
         if spec_.ethos_u:
             arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
             self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
@@ -135,13 +139,22 @@ INTEGER_RECIPE = ("quantize it with codec_tosa.CodecQuantizer first (prepare_pt2
                   "(README, \"Integer targets\")")
 
 
+def _is_float(val: Any) -> bool:
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vals)
+
+
 class NotQuantizedError(ValueError):
     """An integer-only spec was given a program with no quantize/dequantize nodes."""
 
 
 def _require_quantized(ep: ExportedProgram, spec: CodecSpec) -> None:
+    """Refuses a program with floating-point compute and no quantize/dequantize
+    node; one on integer and bool tensors only needs no quantization."""
     if any(n.op == "call_function" and target_key(n.target).startswith("quantized_decomposed.")
            for n in ep.graph.nodes):
+        return
+    if not any(n.op == "call_function" and _is_float(n.meta.get("val")) for n in ep.graph.nodes):
         return
     where = f"target {spec.target}" if spec.ethos_u else spec.tosa_spec
     raise NotQuantizedError(f"CodecTosaPartitioner: policy {spec.policy} ({where}) delegates integer "

@@ -6,10 +6,14 @@ partitioner (`TOSAPartitioner` at TOSA-1.0+INT, `EthosUPartitioner`,
 `VgfPartitioner`). `CodecQuantizer` is the one line a user swaps in: its
 annotations *are* the plan.
 
-* `transform_for_annotation` is Arm's, so the graph is decomposed exactly as
-  Arm's INT flow decomposes it (softmax, layer norm, means, ...).
-* `annotate` asks Arm's own quantizer, on a copy, which operators Arm's INT
-  flow takes: the others stay FP32 (plain ports). On the graph as it is, the
+* What differs between targets is the spec's `int8_targets.Int8Target`: Arm's
+  INT flow (TOSA-1.0+INT, Ethos-U) or XNNPACK's (`target="xnnpack"`).
+* `transform_for_annotation` is the target's, so the graph is decomposed exactly as
+  Arm's INT flow decomposes it (softmax, layer norm, means, ...), or rewritten
+  into operators XNNPACK runs on codes (`_passes/xnnpack_rewrites`).
+* `annotate` asks the target which operators its INT8 flow takes (Arm's own
+  quantizer, on a copy; the table's ``xnnpack`` kernels): the others stay FP32
+  (plain ports). On the graph as it is, the
   placement (`codec_tosa.placement.place`, the same core the partitioner
   uses) places the domains, from our commutation table's rows; at the
   integer policy an operator Arm takes that the table has no integer row
@@ -26,7 +30,8 @@ annotations *are* the plan.
   producer's group, because both quantize "the same tensor".
 * A relu or relu6 right after a convolution or linear is annotated as Arm
   annotates it (nothing quantized between them), so Arm's
-  FuseQuantizedActivationPass folds it (the table's `fuses_activation`).
+  FuseQuantizedActivationPass folds it (the table's `fuses_activation`); at
+  XNNPACK, every activation its kernel folds (the kernel's `fuses`).
 
 After calibration, `planned(program)` is the plan's record
 (`planning.PlannedProgram`, thetas read off the observers) for the
@@ -54,12 +59,11 @@ from torchao.quantization.pt2e.quantizer import (
 )
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
-from codec_tosa import arm_adapter
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
-from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa.codecs.base import Theta
 from codec_tosa.commutation.table import CLAMPING_TARGETS, OUT, CommutationTable, Row
 from codec_tosa.graph import CONSTANT, PortGraph
+from codec_tosa.int8_targets import Int8Target, int8_target
 from codec_tosa.observers import INT32_QMAX, INT32_QMIN, DomainObserver, WeightObserver, bias_qparams
 from codec_tosa.placement import Placement, place
 from codec_tosa.placement.plan import Domain
@@ -99,30 +103,28 @@ class CodecQuantizer(Quantizer):
     def __init__(self, spec: CodecSpec | None = None) -> None:
         super().__init__()
         self.spec = spec or CodecSpec(policy="I")
-        self._arm = arm_adapter.arm_quantizer(self.spec.tosa_spec,
-                                              self.spec.target if self.spec.ethos_u else None)
+        # what differs between Arm's INT flow and XNNPACK's (int8_targets)
+        self._target: Int8Target = int8_target(self.spec)
         self._annotated: _Annotated | None = None
         self._observers: dict[_Key, Any] = {}  # PT2E's observer of each annotated edge and node
         self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
-        arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind an Ethos-U payload
 
     # ---- Quantizer interface ---------------------------------------------
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if self._reuse is not None:
             return model  # `converted` re-prepares a graph that is transformed already
-        spatial_means_to_avg_pool(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)
-        return self._arm.transform_for_annotation(model)
+        return self._target.transform_for_annotation(model)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         _constants_typed(model)
         fp32 = copy.deepcopy(model)
-        arm = _arm_annotations(self._arm, model)
+        arm = self._target.annotations(model)  # Arm's quantizer's; none for XNNPACK
         graph = PortGraph.from_fx(model)
         table, derived = self._table(graph, arm)
-        plain = [op for op in range(graph.num_ops) if _stays_fp32(graph, op, table, arm)]
+        plain = self._target.plain_ops(graph, table, arm)
         placement = place(graph, table, self.spec.policy, self.spec.placement,
                           fused_transcode=self.spec.fused_transcode, plain_ops=plain)
-        roots = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived)).write()
+        roots = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target).write()
         self._annotated = _Annotated(graph, placement, roots, fp32, derived)
         return model
 
@@ -218,14 +220,21 @@ def edge_program(program: ExportedProgram, partitioner: Partitioner) -> Exported
     class Decomposing(Partitioner):
         def __init__(self) -> None:
             super().__init__()
+            self.partitioned = False
 
         def transform_for_pre_decomposition(self, ep: ExportedProgram) -> ExportedProgram:
             return partitioner.transform_for_pre_decomposition(ep)
 
         def ops_to_not_decompose(self, ep: ExportedProgram) -> Any:
-            return partitioner.ops_to_not_decompose(ep)
+            ops, check = partitioner.ops_to_not_decompose(ep)
+            if self.partitioned:
+                # asked again after partitioning, to check that every kept operator was
+                # delegated: none is here (XnnpackPartitioner keeps aten.linear whole)
+                return ops, (lambda node: False)
+            return ops, check
 
         def partition(self, ep: ExportedProgram) -> PartitionResult:
+            self.partitioned = True
             return PartitionResult(tagged_exported_program=ep, partition_tags={})
 
     edge = to_edge_transform_and_lower(copy.deepcopy(program), partitioner=[Decomposing()])
@@ -283,50 +292,6 @@ def _constants_typed(model: torch.fx.GraphModule) -> None:
             node.meta["val"] = mode.from_tensor(value)
 
 
-def _stays_fp32(graph: PortGraph, op: int, table: CommutationTable,
-                arm: Mapping[str, QuantizationAnnotation]) -> bool:
-    """Whether the operator's ports are plain: Arm's INT flow leaves it FP32 on the
-    CPU (Arm's quantizer does not annotate it; an operator that only moves codes,
-    such as `narrow`, which Arm's quantizer skips but its partitioner lowers on
-    INT8 like any slice, excepted), or its row says Arm cannot take it encoded."""
-    node = graph.fx_op_node[op]
-    row = table.lookup(graph.op_target[op])
-    if node is None or (node.name not in arm and not (row is not None and row.moves_codes)):
-        return True
-    return row is not None and row.int8_refusal(lambda name: graph.op_argument(op, name)) is not None
-
-
-def _arm_annotations(arm_quantizer: Any, model: torch.fx.GraphModule) -> dict[str, QuantizationAnnotation]:
-    """How Arm's quantizer annotates each operator of `model` (on a copy, remapped
-    onto `model`'s nodes): the operators Arm's INT flow takes, and their qspecs."""
-    probe = copy.deepcopy(model)
-    arm_quantizer.annotate(probe)
-    nodes = {n.name: n for n in model.graph.nodes}
-    out: dict[str, QuantizationAnnotation] = {}
-    for n in probe.graph.nodes:
-        ann = n.meta.get(Q_ANNOTATION_KEY)
-        if n.op != "call_function" or ann is None:
-            continue
-        out[n.name] = QuantizationAnnotation(
-            input_qspec_map={nodes[a.name]: _remap(q, nodes) for a, q in ann.input_qspec_map.items()},
-            output_qspec=_remap(ann.output_qspec, nodes), _annotated=True)
-    return out
-
-
-def _remap(qspec: QuantizationSpecBase | None, nodes: Mapping[str, torch.fx.Node]) -> Any:
-    def edge(e: EdgeOrNode) -> EdgeOrNode:
-        return (nodes[e[0].name], nodes[e[1].name]) if isinstance(e, tuple) else nodes[e.name]
-
-    if isinstance(qspec, SharedQuantizationSpec):
-        return SharedQuantizationSpec(edge(qspec.edge_or_node))
-    if isinstance(qspec, DerivedQuantizationSpec):
-        return DerivedQuantizationSpec(
-            derived_from=[edge(e) for e in qspec.derived_from], derive_qparams_fn=qspec.derive_qparams_fn,
-            dtype=qspec.dtype, quant_min=qspec.quant_min, quant_max=qspec.quant_max, qscheme=qspec.qscheme,
-            ch_axis=qspec.ch_axis, is_dynamic=qspec.is_dynamic)
-    return qspec
-
-
 def _key(edge_or_node: EdgeOrNode) -> _Key:
     if isinstance(edge_or_node, tuple):
         return (edge_or_node[0].name, edge_or_node[1].name)
@@ -337,8 +302,9 @@ class _Annotator:
     """Writes the placement as PT2E annotations on the FX nodes (module docstring)."""
 
     def __init__(self, graph: PortGraph, placement: Placement, table: CommutationTable, spec: CodecSpec,
-                 arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str]) -> None:
+                 arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str], target: Int8Target) -> None:
         self.g = graph
+        self.target = target
         self.derived = derived  # targets whose rows (and constant qspecs) are Arm's
         self.sem = placement.semantics
         self.plan = placement.plan
@@ -415,9 +381,12 @@ class _Annotator:
         if _key(here) != _key(root):
             return SharedQuantizationSpec(root)
         domain = self.plan.domains[d]
+        # a folded activation's range keeps its lowest code for 0.0 (int8_targets)
+        symmetric = self.spec.symmetric_activations and not (
+            self.target.fold_needs_lowest_zero_point and d in self.fused_domains)
         observer = DomainObserver.with_args(
-            observer=self.spec.observer, symmetric=self.spec.symmetric_activations,
-            clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
+            observer=self.spec.observer, symmetric=symmetric,
+            near_symmetric=self.target.near_symmetric_zero_points, clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
         return QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=observer, quant_min=_QMIN,
                                 quant_max=_QMAX, qscheme=torch.per_tensor_affine)
 
@@ -449,22 +418,23 @@ class _Annotator:
         g = self.g
         ports: set[int] = set()
         self.fused_values: set[int] = set()
+        self.fused_domains: set[int] = set()
         for op in range(g.num_ops):
-            if g.op_target[op] not in CLAMPING_TARGETS or not _fusable(g, op):
+            if g.op_target[op] not in CLAMPING_TARGETS:
                 continue
             p = g.op_in[op][0]
             x = g.in_value[p]
             producer = g.val_op[x]
             if producer < 0 or len(g.val_uses[x]) != 1 or self.sem.in_sem[p] != CODE:
                 continue
-            row = self.table.lookup(g.op_target[producer])
             out = g.op_out[op][0]
             d = self.plan.in_domain[p]
-            if row is None or not row.fuses_activation or self.plan.value_domain[x] != d \
+            if not self.target.fuses(g, producer, op, self.table) or self.plan.value_domain[x] != d \
                     or self.plan.value_domain[out] != d:
                 continue
             ports.add(p)
             self.fused_values.add(x)
+            self.fused_domains.add(d)
         return ports
 
     # ---- weights and biases -------------------------------------------------
@@ -485,6 +455,8 @@ class _Annotator:
               annotation: Any) -> None:
         """The int32 bias codes at s_in * s_w of an operator with an encoded weight."""
         g = self.g
+        if not self.target.bias_codes:
+            return  # the target quantizes an FP32 bias itself (XNNPACK)
         if row is None or row.bias is None or row.bias_scale_of is None or len(weights) != 1:
             return
         if row.target in self.derived:
@@ -506,16 +478,10 @@ class _Annotator:
             qscheme=torch.per_channel_symmetric, ch_axis=0)
 
 
-def _fusable(graph: PortGraph, op: int) -> bool:
-    """A relu, or a hardtanh from 0 (relu6): what Arm's FuseQuantizedActivationPass folds."""
-    target = graph.op_target[op]
-    if target.startswith("aten.relu"):
-        return True
-    return target.startswith("aten.hardtanh") and float(graph.op_argument(op, "min_val")) == 0.0
-
-
 def _clamp_bounds(graph: PortGraph, op: int) -> tuple[float, float]:
     target = graph.op_target[op]
+    if target.startswith("aten.relu6"):
+        return 0.0, 6.0
     if target.startswith("aten.relu"):
         return 0.0, math.inf
     if target.startswith("aten.hardtanh"):

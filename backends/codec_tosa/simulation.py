@@ -203,10 +203,10 @@ class IntegerSimulator(torch.fx.Interpreter):
         out = super().run_node(n)  # the decode: quantized_decomposed semantics
         codes = self.env[n.args[0]] if isinstance(n.args[0], torch.fx.Node) else n.args[0]
         if key == _DQ:
-            _, scale, zp, qmin, qmax, dtype = _args(n, self)
+            _, scale, zp, qmin, qmax, dtype = _args(n, self)[:6]  # then out_dtype (FP16 programs)
             self.codes[n] = _Codes(codes, (float(scale),), (int(zp),), None, int(qmin), int(qmax), dtype)
         else:
-            _, scales, zps, axis, qmin, qmax, dtype = _args(n, self)
+            _, scales, zps, axis, qmin, qmax, dtype = _args(n, self)[:7]
             self.codes[n] = _Codes(codes, tuple(float(s) for s in scales.tolist()),
                                    tuple(int(z) for z in zps.tolist()), int(axis), int(qmin), int(qmax),
                                    dtype)

@@ -9,14 +9,16 @@ from typing import Any
 from codec_tosa.calibration import HISTOGRAM, MINMAX, OBSERVERS
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.policy import INTEGER_POLICY
-from codec_tosa.commutation.table import CommutationTable
+from codec_tosa.commutation.table import XNNPACK, CommutationTable
 from codec_tosa.placement.domains import COALESCE, SHARE, check_placement
 
 # Where the delegate runs: a TOSA flatbuffer run by CodecTosaBackend, a VGF file
-# run by Arm's VgfBackend (ML SDK for Vulkan), or Vela's command stream run by
+# run by Arm's VgfBackend (ML SDK for Vulkan), Vela's command stream run by
 # Arm's EthosUBackend ("ethos-u55-128", "ethos-u85-256", ... any target Arm's
-# EthosUCompileSpec accepts).
-TARGETS = ("tosa", "vgf")
+# EthosUCompileSpec accepts), or XNNPACK's static INT8 kernels on a CPU
+# (XnnpackPartitioner, on a CodecQuantizer program).
+XNNPACK_TARGET = XNNPACK
+TARGETS = ("tosa", "vgf", XNNPACK_TARGET)
 ETHOS_U_PREFIX = "ethos-u"
 
 INT_FP = "TOSA-1.0+INT+FP"
@@ -27,9 +29,10 @@ INT_ONLY = "TOSA-1.0+INT"
 @dataclass(frozen=True)
 class CodecSpec:
     """Options of `CodecTosaPartitioner`; `tosa=None` picks INT+FP (FP for policy Z,
-    INT for policy I). `target` is ``tosa``, ``vgf`` or an Ethos-U accelerator
+    INT for policy I). `target` is ``tosa``, ``vgf``, an Ethos-U accelerator
     (``ethos-u55-128``): the delegate is then Arm's EthosUBackend (Vela), which
-    takes policy I only. `placement=None` picks ``nonlocal+share`` at policy I
+    takes policy I only, or ``xnnpack`` (policy I): `CodecQuantizer` annotates
+    for XNNPACK's static INT8 kernels and `XnnpackPartitioner` lowers. `placement=None` picks ``nonlocal+share`` at policy I
     (concatenations observed with their inputs, as Arm's INT8 quantizer does)
     and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` at
     policy I (the range Arm's INT8 quantizer's HistogramObserver picks) and
@@ -64,6 +67,10 @@ class CodecSpec:
         if self.target not in TARGETS and not self.ethos_u:
             raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
                              "accelerator such as ethos-u55-128 or ethos-u85-256")
+        if self.target == XNNPACK_TARGET and (self.policy != INTEGER_POLICY or self.tosa is not None):
+            raise ValueError(f"--target {self.target} needs --policy {INTEGER_POLICY} and no TOSA spec "
+                             f"(got policy {self.policy}, tosa {self.tosa}): XNNPACK's static INT8 flow "
+                             "is CodecQuantizer's, lowered with XnnpackPartitioner")
         if self.ethos_u and self.policy != INTEGER_POLICY:
             raise ValueError(f"--target {self.target} needs --policy {INTEGER_POLICY} (got {self.policy}): "
                              "Ethos-U runs integer TOSA only")

@@ -31,7 +31,9 @@ NEAR_SYMMETRIC = 1 + 1 / 32
 
 class Int8Affine:
     """Per-tensor INT8 activations; `symmetric` pins the zero point to 0, and
-    an asymmetric range within `NEAR_SYMMETRIC` of symmetric gets it too.
+    an asymmetric range within `NEAR_SYMMETRIC` of symmetric gets it too unless
+    `near_symmetric` is off (a target whose kernels take any zero point at no
+    cost, XNNPACK, would only lose the step's 1/32).
 
     Symmetric thetas use scale max|x| / 127 and keep the full code range
     [-128, 127]: the z = 0 encode is MUL -> CAST f32->int8, and that CAST
@@ -42,8 +44,9 @@ class Int8Affine:
 
     code_bytes = 1
 
-    def __init__(self, symmetric: bool = False) -> None:
+    def __init__(self, symmetric: bool = False, near_symmetric: bool = True) -> None:
         self.symmetric = symmetric
+        self.near_symmetric = near_symmetric
 
     def learn(self, lo: float, hi: float) -> Theta:
         if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -54,7 +57,7 @@ class Int8Affine:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         span = hi - lo
         scale = max(span / (QMAX - QMIN), _TINY) if span > 0 else _ZERO_RANGE_SCALE
-        if span > 0 and lo < 0 < hi:
+        if self.near_symmetric and span > 0 and lo < 0 < hi:
             centred = max(lo / QMIN, hi / QMAX, _TINY)  # z = 0 and the full code range
             if centred <= NEAR_SYMMETRIC * scale:
                 return Theta(float(centred), 0, QMIN, QMAX, torch.int8)
@@ -76,3 +79,5 @@ class Int8Affine:
 
 DEFAULT_CODEC = Int8Affine()
 SYMMETRIC_CODEC = Int8Affine(symmetric=True)
+# every zero point as the range asks (no near-symmetric snap): XNNPACK's
+EXACT_ZERO_POINT_CODEC = Int8Affine(near_symmetric=False)

@@ -30,7 +30,14 @@ serve (docs/DESIGN.md, "Operator facts"):
   relu6-style hardtanh) into the operator's output RESCALE
   (`FuseQuantizedActivationPass`) when nothing quantizes the value between
   them, which is how Arm's quantizer annotates such a pair; `CodecQuantizer`
-  annotates it the same way.
+  annotates it the same way;
+* `int8_kernels`: the integer back ends other than Arm's (whose own
+  quantizer says which operators its INT flow takes) that run this operator
+  on codes with the row's encoded ports, each a `Kernel`: ``xnnpack`` for
+  XNNPACK's static INT8 kernels (`CodecSpec(target="xnnpack")`). A kernel
+  names the activations it folds into its output when nothing is quantized
+  between them (`fuses`) and the arguments it takes only at some values
+  (`requires`); an operator without a kernel for the target stays FP32 there.
 
 A user table's row inherits the facts of the built-in row for its operator
 unless it states them.
@@ -41,6 +48,7 @@ Edge-dialect `*_copy` spellings are listed beside their core-ATen names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -55,7 +63,46 @@ OUT = "out"
 
 
 _FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if", "accumulates",
-              "fuses_activation")
+              "fuses_activation", "int8_kernels")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An INT8 kernel of an integer back end (`Row.int8_kernels`): `backend` runs the
+    operator on codes when each argument named in `requires` has one of its listed
+    values (an omitted argument: its schema default), and folds an activation named
+    in `fuses` (an operator target) that only it reads into its output range when
+    nothing is quantized between them."""
+
+    backend: str
+    fuses: tuple[str, ...] = ()
+    requires: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def refusal(self, argument: Callable[[str], Any]) -> str | None:
+        """Why the kernel does not take the operator called with `argument(name)`."""
+        for name, allowed in self.requires:
+            value = argument(name)
+            value = list(value) if isinstance(value, (list, tuple)) else value
+            if not any(value == (list(a) if isinstance(a, (list, tuple)) else a) for a in allowed):
+                return f"{self.backend}'s INT8 kernel takes {name} in {list(allowed)} only (got {value!r})"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fuses": list(self.fuses),
+                "requires": {name: [list(a) if isinstance(a, tuple) else a for a in allowed]
+                             for name, allowed in self.requires}}
+
+    @staticmethod
+    def from_json(backend: str, d: Mapping[str, Any]) -> "Kernel":
+        unknown = set(d) - {"fuses", "requires"}
+        if unknown:
+            raise ValueError(f"int8_kernels {backend!r}: unknown keys {sorted(unknown)}")
+        requires = d.get("requires", {})
+        if not isinstance(requires, Mapping):
+            raise ValueError(f"int8_kernels {backend!r}: requires must map arguments to lists of values")
+        return Kernel(backend, tuple(d.get("fuses", ())),
+                      tuple((str(k), tuple(tuple(a) if isinstance(a, list) else a for a in v))
+                            for k, v in requires.items()))
 
 
 @dataclass(frozen=True)
@@ -73,6 +120,11 @@ class Row:
     int8_refused_if: tuple[str, ...] = ()
     accumulates: bool = False
     fuses_activation: bool = False
+    int8_kernels: tuple[Kernel, ...] = ()
+
+    def kernel(self, backend: str) -> Kernel | None:
+        """The INT8 kernel `backend` runs this operator with (None: it keeps it FP32)."""
+        return next((k for k in self.int8_kernels if k.backend == backend), None)
 
     def int8_refusal(self, argument: Callable[[str], Any]) -> str | None:
         """Why this operator, called with `argument(name)`, stays FP32 in the lowering."""
@@ -104,6 +156,7 @@ class Row:
             "int8_refused_if": list(self.int8_refused_if),
             "accumulates": self.accumulates,
             "fuses_activation": self.fuses_activation,
+            "int8_kernels": {k.backend: k.to_json() for k in self.int8_kernels},
         }
 
     @staticmethod
@@ -126,6 +179,8 @@ class Row:
             int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
             accumulates=bool(d.get("accumulates", base.accumulates)),
             fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
+            int8_kernels=(tuple(Kernel.from_json(b, k) for b, k in d["int8_kernels"].items())
+                          if "int8_kernels" in d else base.int8_kernels),
         )
 
 
@@ -156,8 +211,9 @@ def _layout(target: str, src: str = "self", out: str = OUT) -> Row:
 # dominator is read only by one of them learns its theta after it.
 CLAMPING_TARGETS: tuple[str, ...] = (
     "aten.relu.default", "aten.hardtanh.default", "aten.clamp.default",  # relu6 is hardtanh(0, 6)
-    # the in-place spellings torch.export keeps in the graph a PT2E quantizer annotates
-    "aten.relu_.default", "aten.hardtanh_.default",
+    # the spellings torch.export keeps in the graph a PT2E quantizer annotates (F.relu6
+    # stays relu6 there; edge decomposes it to hardtanh)
+    "aten.relu_.default", "aten.hardtanh_.default", "aten.relu6.default", "aten.relu6_.default",
 )
 
 
@@ -214,7 +270,59 @@ _EDGE_COPY = {
 }
 
 
+# XNNPACK's static INT8 kernels (executorch 1.5.1: the configs in
+# backends/xnnpack/partition/config whose supported_precision_types list
+# STATIC_QUANT, and their check_constraints; benchmarks/XNNPACK_NOTES.md), by
+# the operator spellings of the graph a PT2E quantizer annotates. XNNPACK runs
+# everything else FP32 (softmax, sigmoid, tanh, gelu, hardswish, avg-pool, bmm,
+# clone, pad on its own, ...) or not at all (split, select, expand, layer norm,
+# squeeze, unsqueeze off the trailing axis).
+XNNPACK = "xnnpack"
+_RELU = ("aten.relu.default", "aten.relu_.default")
+_HARDTANH = ("aten.hardtanh.default", "aten.hardtanh_.default")
+
+
+def _xnnpack_kernels() -> dict[str, Kernel]:
+    # GEMMs fold a relu or any hardtanh (an output min/max); add folds a relu only
+    # (AddConfig's fused_act); alpha must be 1 (AddConfig, SubConfig)
+    gemm = Kernel(XNNPACK, fuses=_RELU + _HARDTANH)
+    binary = Kernel(XNNPACK, requires=(("alpha", (1,)),))
+    plain = Kernel(XNNPACK)
+    kernels = {
+        "aten.conv1d.default": gemm, "aten.conv2d.default": gemm, "aten.linear.default": gemm,
+        "aten.convolution.default": Kernel(XNNPACK, fuses=_RELU + _HARDTANH,
+                                           requires=(("transposed", (False,)),)),
+        "aten.add.Tensor": Kernel(XNNPACK, fuses=_RELU, requires=(("alpha", (1,)),)),
+        "aten.add_.Tensor": Kernel(XNNPACK, fuses=_RELU, requires=(("alpha", (1,)),)),
+        "aten.sub.Tensor": binary, "aten.sub_.Tensor": binary,
+        "aten.mul.Tensor": plain, "aten.mul_.Tensor": plain,  # MulConfig folds nothing
+        "aten.cat.default": plain,
+        # stride <= kernel and no ceil mode are XNNPACK's too; a pool it refuses runs on the CPU
+        "aten.max_pool2d.default": plain,
+        # global average pooling only: a 4-D mean over H, W keeping them
+        "aten.mean.dim": Kernel(XNNPACK, requires=(("dim", ((2, 3), (3, 2))), ("keepdim", (True,)),
+                                                   ("dtype", (None,)))),
+        "aten.adaptive_avg_pool2d.default": Kernel(XNNPACK, requires=(("output_size", ((1, 1),)),)),
+        **{t: plain for t in (*_RELU, *_HARDTANH, "aten.clamp.default")},
+        # reshapes (view_copy), permutes (permute_copy) and unit-step slices move codes
+        **{f"aten.{t}": plain for t in ("view.default", "_unsafe_view.default", "reshape.default",
+                                         "flatten.using_ints", "permute.default", "transpose.int",
+                                         "t.default", "permute_copy.default")},
+        "aten.slice.Tensor": Kernel(XNNPACK, requires=(("step", (1,)),)),
+    }
+    return kernels
+
+
 def _default_rows() -> list[Row]:
+    rows = _operator_rows()
+    xnnpack = _xnnpack_kernels()
+    unknown = set(xnnpack) - {r.target for r in rows}
+    assert not unknown, f"XNNPACK kernels for operators without a row: {sorted(unknown)}"
+    return [dataclasses.replace(r, int8_kernels=(xnnpack[r.target],)) if r.target in xnnpack else r
+            for r in rows]
+
+
+def _operator_rows() -> list[Row]:
     rows = [
         # conv and linear weights: per output channel (axis 0), which Arm's
         # RewriteConvPass / DecomposeLinearPass turn into per-channel RESCALEs;
@@ -409,6 +517,15 @@ class CommutationTable:
             if name not in arguments:
                 raise ValueError(f"commutation table: operator {row.target} has no argument {name!r} "
                                  "(int8_refused_if)")
+        for kernel in row.int8_kernels:
+            for name, _ in kernel.requires:
+                if name not in arguments:
+                    raise ValueError(f"commutation table: operator {row.target} has no argument {name!r} "
+                                     f"(int8_kernels {kernel.backend} requires)")
+            for act in kernel.fuses:
+                if operator_ports(act) is None:
+                    raise ValueError(f"commutation table: {row.target}'s {kernel.backend} kernel fuses "
+                                     f"{act}, which is not an operator")
 
     def lookup(self, target: str) -> Row | None:
         return self.rows.get(target)

@@ -10,6 +10,7 @@ program with some delegates swapped for stand-ins the runtime here can run.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,29 @@ def inspect_pte(data: bytes) -> PteInfo:
     return PteInfo(operators=operators, delegate_ids=delegates, inputs=tuple(plan.inputs),
                    outputs=tuple(plan.outputs), delegate_calls=calls, method=plan.name,
                    input_specs=tuple(_tensor_spec(plan.values[i].val) for i in plan.inputs))
+
+
+def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Counter[str]]:
+    """What `method` runs: delegate calls by backend id, and CPU kernel calls by
+    operator (``name.overload`` where the program names an overload)."""
+    from executorch.exir import schema
+    from executorch.exir._serialize import _program
+
+    header = _program._get_extended_header(data)
+    size = header.program_size if header is not None and header.is_valid() else len(data)
+    program = _program._flatbuffer_to_program(data[:size])
+    plan = next(p for p in program.execution_plan if p.name == method)
+    delegates: Counter[str] = Counter()
+    kernels: Counter[str] = Counter()
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            args = instr.instr_args
+            if isinstance(args, schema.DelegateCall):
+                delegates[plan.delegates[args.delegate_index].id] += 1
+            elif isinstance(args, schema.KernelCall):
+                op = plan.operators[args.op_index]
+                kernels[f"{op.name}.{op.overload}" if op.overload else op.name] += 1
+    return delegates, kernels
 
 
 def _tensor_spec(val: Any) -> TensorSpec | None:

@@ -92,6 +92,7 @@ def _lower_planned(program: ExportedProgram, spec: CodecSpec,
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
+    require_delegate(pte, spec, "CodecTosaPartitioner")
     files, report = (_vgf_files(pte) if spec.target == "vgf" else ({}, {}))
     return Lowered(pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
 
@@ -120,7 +121,44 @@ class VelaError(RuntimeError):
 
 
 class NothingDelegated(ValueError):
-    """Arm's INT partitioner took no operator of the quantized program."""
+    """The partitioner took no operator of the program: the .pte would run it all on the CPU."""
+
+
+class UnsupportedDtype(ValueError):
+    """A program input or output of a dtype no delegate of ours exchanges."""
+
+
+# bfloat16 and the float8s: no TOSA-1.0 profile the targets here run takes them at
+# a delegate's boundary (stock Arm delegates none of Arm's own bf16/fp8 test cases)
+_UNSUPPORTED_DTYPES = (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def check_boundary_dtypes(program: ExportedProgram) -> None:
+    """Refuses, in one line, a program that takes or returns bfloat16 or float8."""
+    sig = program.graph_signature
+    nodes = {n.name: n for n in program.graph.nodes}
+    outputs = list(program.graph.output_node().args[0])
+    named = [(f"input {name}", nodes.get(name)) for name in sig.user_inputs if isinstance(name, str)]
+    named += [(f"output {i}", o) for i, o in enumerate(outputs)]
+    for what, node in named:
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dtype in _UNSUPPORTED_DTYPES:
+            raise UnsupportedDtype(f"{what} is {str(val.dtype).removeprefix('torch.')}: codec_tosa lowers "
+                                   "float32, float16, integer and bool programs; cast the model and "
+                                   "its inputs to float32 or float16")
+
+
+def require_delegate(pte: bytes, spec: CodecSpec, who: str) -> None:
+    """Refuses a program without a delegate, in one line naming what stays on the CPU."""
+    from codec_tosa.runtime.pte import inspect_pte
+
+    info = inspect_pte(pte)
+    if info.delegate_ids:
+        return
+    left = ", ".join(sorted(set(info.operators))) or "none"
+    other = "a mixed policy such as --policy W" if spec.policy == "I" else "another policy or target"
+    raise NothingDelegated(f"policy {spec.policy}: {who} delegated nothing of this model (operators on "
+                           f"the CPU: {left}); no artefact written; try {other}")
 
 
 def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
@@ -165,14 +203,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     lowering_progress.stage(lowering_progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     serialisation = time.perf_counter() - t
-    from codec_tosa.runtime.pte import inspect_pte
-
-    info = inspect_pte(pte)
-    if not info.delegate_ids:
-        left = ", ".join(sorted(set(info.operators))) or "none"
-        raise NothingDelegated(f"policy {spec.policy}: Arm's INT partitioner delegated nothing of this "
-                               f"model (operators on the CPU: {left}); lower it at a mixed policy "
-                               "such as --policy W instead")
+    require_delegate(pte, spec, "Arm's INT partitioner")
     planned = quantizer.planned(quantized, part)
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
@@ -247,6 +278,7 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         stage("export")
         loaded = load_and_export(model) if module is None else export_module(model, *module)
         times["export_s"] = time.perf_counter() - t
+        check_boundary_dtypes(loaded.program)
 
         calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
         lowered = lower_program(loaded.program, spec, calib, on_stage=stage)

@@ -232,7 +232,7 @@ def sqnr_warnings(sets: Sequence[InputSet]) -> list[str]:
     for i, e in enumerate(sets[0].eager or ()):
         if not np.issubdtype(e.dtype, np.floating):
             continue
-        pairs = [(s.eager[i], s.simulated[i]) for s in sets if s.eager and s.simulated]
+        pairs = [(s.eager[i], s.simulated[i]) for s in sets if s.eager and s.simulated and i < len(s.simulated)]
         if not pairs:
             continue
         w = sqnr_warning(i, min(sqnr_db(e_, a) for e_, a in pairs), "the simulation of the plan")
