@@ -125,12 +125,15 @@ def main() -> int:
     ap.add_argument("--only", metavar="PATTERN", help="regex searched in case ids")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per policy per case")
     ap.add_argument("--resume", action="store_true", help="keep the JSON's results, run only missing ids")
+    ap.add_argument("--rerun", action="store_true",
+                    help="keep the JSON's results but run again every case not PASS or refused at W and I")
     ap.add_argument("--summary", action="store_true", help="only print the table of the existing JSON")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
 
     stock = json.loads(BASELINE.read_text())["cases"]
-    data: dict[str, Any] = (json.loads(args.json.read_text()) if (args.summary or args.resume) and args.json.exists()
+    keep = args.summary or args.resume or args.rerun
+    data: dict[str, Any] = (json.loads(args.json.read_text()) if keep and args.json.exists()
                             else {"meta": {}, "cases": {}})
     if args.summary:
         print(summarize(data["cases"], stock))
@@ -144,6 +147,9 @@ def main() -> int:
 
     picked = sample_cases(collect_cases(), None if args.all else args.per_operator, args.seed, args.only)
     results: dict[str, Any] = data["cases"]
+    if args.rerun:
+        for i in [i for i, r in results.items() if any(r[p].get("verdict") not in (PASS, REFUSED) for p in ("W", "I"))]:
+            del results[i]
     todo = [c for c in picked if c.id not in results]
     print(f"{len(todo)} cases to run ({len(picked)} picked)", flush=True)
     t0 = time.perf_counter()

@@ -64,3 +64,48 @@ def conv_bn():
         m.bn.running_mean.uniform_(-0.5, 0.5)
         m.bn.running_var.uniform_(0.5, 2.0)
     return m, (torch.randn(1, 3, 8, 8),)
+
+
+class SelfAttention(nn.Module):
+    """A multi-head attention called as Arm's test calls it, mha(x, x, x): torch.export
+    specialises on the aliasing and reads one input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.mha(q, k, v, need_weights=False)[0]
+
+
+def self_attention():
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 8)
+    return SelfAttention().eval(), (x, x, x)
+
+
+class Scaled(nn.Module):
+    """Non-tensor inputs (a scalar, a dim, None), as Arm's operator tests pass them."""
+
+    def forward(self, x: torch.Tensor, alpha: float, dim: int, mode: str | None) -> torch.Tensor:
+        return torch.div(x * alpha, 3.0, rounding_mode=mode).sum(dim)
+
+
+def scaled():
+    torch.manual_seed(0)
+    return Scaled().eval(), (torch.randn(2, 3, 4), 2.5, 1, None)
+
+
+class HalfLog10(nn.Module):
+    """log10: no TOSA partitioner here delegates it (log10_bf16: nor a bfloat16 program)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log10(x)
+
+
+def log10():
+    return HalfLog10().eval(), (torch.rand(2, 3) + 0.5,)
+
+
+def log10_bf16():
+    return HalfLog10().eval(), (torch.rand(2, 3, dtype=torch.bfloat16) + 0.5,)

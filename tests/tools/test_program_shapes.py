@@ -23,7 +23,8 @@ def _compile(model: str, policy: str, out: Path) -> Path:
     return out / "model.pte"
 
 
-@pytest.mark.parametrize("model,policy", [("compare", "I"), ("in_place", "W"), ("log", "W")])
+@pytest.mark.parametrize("model,policy", [("compare", "I"), ("in_place", "W"), ("log", "W"),
+                                          ("self_attention", "W"), ("scaled", "I")])
 def test_compiles_and_validates(model: str, policy: str, tmp_path: Path) -> None:
     v = validate(_compile(model, policy, tmp_path))
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
@@ -63,3 +64,17 @@ def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypa
     (o,) = v.outputs
     assert o.planned_failed and o.vs_expected_max_abs == 0.0
     assert any("a structural error" in line for line in v.lines())
+
+
+@pytest.mark.parametrize("model,policy,words", [
+    ("log10", "W", "delegated nothing of this model (operators on the CPU: aten::log10)"),
+    ("log10_bf16", "W", "input x is bfloat16"),
+])
+def test_refused_in_one_line_and_nothing_written(model: str, policy: str, words: str, tmp_path: Path) -> None:
+    from codec_tosa.tools.cli import error_kind, error_line
+
+    with pytest.raises(ValueError) as info:
+        _compile(model, policy, tmp_path / "out")
+    line = error_line(info.value)
+    assert error_kind(info.value) == "refused" and words in line and "\n" not in line, line
+    assert not (tmp_path / "out").exists()

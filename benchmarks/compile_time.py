@@ -1,0 +1,233 @@
+"""Compile time per stage against stock Arm INT8, and validate's verdict (issues 22 and 27).
+
+For each model (executorch's Arm model tests that need no download, built as
+those tests build them, random weights) and each policy, one child process:
+
+* ours: `codec-tosa compile` as the CLI runs it (`tools.compiler.compile_module`,
+  default 16 held-out samples), its stages from report.json (export, placement +
+  calibration + lowering, serialisation, reference outputs), then `validate`;
+* stock: Arm's documented INT8 flow on the same module and example: export,
+  `TOSAQuantizer` with `get_symmetric_quantization_config()`, prepare_pt2e, 4
+  calibration inputs, convert_pt2e, export, `to_edge_transform_and_lower` with
+  `TOSAPartitioner(TOSA-1.0+INT)`, `to_executorch`.
+
+It prints one row per (model, policy): seconds per stage, ours/stock, the
+reference stage's share of compile, validate's verdict, and writes
+`benchmarks/compile_time.json`. The goals (issue 27): ours at most 2x stock,
+the reference stage at most 25% of compile.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py --models lstm mobile_block --policies I
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = ROOT / "benchmarks" / "compile_time.json"
+POLICIES = ("W", "I")
+CALIBRATION = 4
+
+
+# ---------------------------------------------------------------- the models
+
+
+def _builtin(name: str) -> Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]:
+    def build() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+        from codec_tosa.tools import model_libs
+
+        model_libs.prepare()
+        from codec_tosa_examples.models import load_model
+
+        return load_model(name)
+
+    return build
+
+
+def _lstm() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Arm's test_lstm_arm: the quantizable LSTM, inputs (x, (h0, c0))."""
+    from torch.nn.quantizable.modules import rnn
+
+    torch.manual_seed(0)
+    return rnn.LSTM(10, 20, 2).eval(), (torch.randn(5, 3, 10), (torch.randn(2, 3, 20), torch.randn(2, 3, 20)))
+
+
+def _mobilenet_v3() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Arm's test_mobilenet_v3_arm: torchvision's MobileNetV3-small, 232x232 input."""
+    from codec_tosa.tools import model_libs
+
+    model_libs.prepare()
+    from torchvision import models
+
+    torch.manual_seed(0)
+    return models.mobilenet_v3_small(weights=None).eval(), (torch.rand(1, 3, 232, 232),)
+
+
+def _deit_tiny() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Arm's test_deit_tiny_arm: timm's DeiT-tiny (pretrained=False), 224x224."""
+    from codec_tosa.tools import model_libs
+
+    model_libs.prepare()
+    import timm
+
+    torch.manual_seed(0)
+    return timm.models.deit.deit_tiny_patch16_224(pretrained=False).eval(), (torch.rand(1, 3, 224, 224),)
+
+
+def _mobile_block() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Issue 22's MobileNet-style block (tests/support/small_models.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import small_models
+
+    return small_models.mobile_block()
+
+
+MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+    "ds_cnn": _builtin("ds_cnn"),
+    "resnet8": _builtin("resnet8"),
+    "mobilenet_v1_025": _builtin("mobilenet_v1_025"),
+    "deep_autoencoder": _builtin("deep_autoencoder"),
+    "mobile_block": _mobile_block,
+    "lstm": _lstm,
+    "mobilenet_v2": _builtin("mobilenet_v2"),
+    "mobilenet_v3_small": _mobilenet_v3,
+    "deit_tiny": _deit_tiny,
+}
+
+
+# ---------------------------------------------------------------- one model
+
+
+def stock_int8(module: torch.nn.Module, example: tuple[Any, ...]) -> dict[str, float]:
+    """Arm's documented INT8 flow, timed: quantize (export + PT2E) and lower."""
+    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from codec_tosa.calibration import random_calibration
+
+    spec = TosaCompileSpec("TOSA-1.0+INT")
+    calibration = [example] + random_calibration(example, CALIBRATION - 1)
+    t0 = time.perf_counter()
+    quantizer = TOSAQuantizer(spec).set_global(get_symmetric_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(module, example).module(check_guards=False), quantizer)
+    for batch in calibration:
+        prepared(*batch)
+    quantized = torch.export.export(convert_pt2e(prepared), example)
+    t1 = time.perf_counter()
+    to_edge_transform_and_lower(quantized, partitioner=[TOSAPartitioner(spec)]).to_executorch()
+    t2 = time.perf_counter()
+    return {"quantize_s": t1 - t0, "lower_s": t2 - t1, "total_s": t2 - t0}
+
+
+def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: str) -> dict[str, Any]:
+    from codec_tosa.spec import CodecSpec
+    from codec_tosa.tools.cli import error_line
+    from codec_tosa.tools.compiler import compile_module
+    from codec_tosa.tools.validate import validate
+
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-compile-time-") as d:
+        t0 = time.perf_counter()
+        try:
+            result = compile_module(name, (module, example), CodecSpec(policy), d, progress=False)
+        except Exception as e:  # noqa: BLE001 - a refusal is a row
+            return {"error": error_line(e), "total_s": time.perf_counter() - t0}
+        total = time.perf_counter() - t0
+        times = result.report["times"]
+        ambiguous = result.report.get("ambiguous_codes", {}).get("total")
+        try:
+            verdict = validate(result.pte).verdict.value
+        except Exception as e:  # noqa: BLE001
+            verdict = f"validate: {error_line(e)}"
+    return {"total_s": total, **{k: float(v) for k, v in times.items()}, "ambiguous_codes": ambiguous,
+            "verdict": verdict}
+
+
+def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    module, example = MODELS[name]()
+    row: dict[str, Any] = {"model": name}
+    try:
+        row["stock"] = stock_int8(module, tuple(example))
+    except Exception as e:  # noqa: BLE001 - stock fails on some models too
+        row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    module, example = MODELS[name]()  # a fresh module: PT2E's export may leave state behind
+    for policy in policies:
+        row[policy] = ours(name, module, tuple(example), policy)
+    return row
+
+
+def _child(conn: Any, name: str, policies: tuple[str, ...]) -> None:
+    try:
+        conn.send(run_model(name, policies))
+    except BaseException as e:  # noqa: BLE001
+        conn.send({"model": name, "error": f"{type(e).__name__}: {e}"})
+    conn.close()
+
+
+# ---------------------------------------------------------------- table
+
+
+def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    head = (f"{'model':<18} {'pol':<3} {'stock s':>7} {'ours s':>7} {'x stock':>7} {'export':>6} "
+            f"{'lower':>6} {'ser':>5} {'ref':>6} {'ref %':>5} {'ambig':>5}  verdict")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        stock = r.get("stock", {}).get("total_s")
+        for p in policies:
+            o = r.get(p, {})
+            if "error" in o or "error" in r:
+                lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {'-':>7}  {o.get('error', r.get('error'))}")
+                continue
+            ratio = o["total_s"] / stock if stock else float("nan")
+            ref_share = 100 * o.get("reference_s", 0.0) / o["total_s"]
+            lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {o['total_s']:7.1f} {ratio:7.2f} "
+                         f"{o.get('export_s', 0):6.1f} {o.get('lowering_s', 0):6.1f} "
+                         f"{o.get('serialisation_s', 0):5.1f} {o.get('reference_s', 0):6.1f} {ref_share:5.0f} "
+                         f"{o.get('ambiguous_codes') if o.get('ambiguous_codes') is not None else '-':>5}  "
+                         f"{o['verdict']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--policies", nargs="+", default=list(POLICIES))
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = p.parse_args()
+    policies = tuple(args.policies)
+    rows = []
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
+    for name in args.models:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(send, name, policies))
+        proc.start()
+        send.close()
+        row = recv.recv() if recv.poll(args.timeout) else {"model": name, "error": f"timeout {args.timeout:.0f}s"}
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        rows.append(row)
+        print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
+        args.json.write_text(json.dumps({"command": "python benchmarks/compile_time.py " + " ".join(sys.argv[1:]),
+                                         "rows": rows}, indent=1) + "\n")
+    print()
+    print(table(rows, policies))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
