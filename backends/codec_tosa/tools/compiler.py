@@ -148,13 +148,14 @@ def check_boundary_dtypes(program: ExportedProgram) -> None:
                                    "its inputs to float32 or float16")
 
 
-def require_delegate(pte: bytes, spec: CodecSpec, who: str) -> None:
-    """Refuses a program without a delegate, in one line naming what stays on the CPU."""
+def require_delegate(pte: bytes, spec: CodecSpec, who: str) -> Any:
+    """The program's `PteInfo`; refuses a program without a delegate, in one line
+    naming what stays on the CPU."""
     from codec_tosa.runtime.pte import inspect_pte
 
     info = inspect_pte(pte)
     if info.delegate_ids:
-        return
+        return info
     left = ", ".join(sorted(set(info.operators))) or "none"
     other = "a mixed policy such as --policy W" if spec.policy == "I" else "another policy or target"
     raise NothingDelegated(f"policy {spec.policy}: {who} delegated nothing of this model (operators on "
@@ -203,7 +204,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     lowering_progress.stage(lowering_progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     serialisation = time.perf_counter() - t
-    require_delegate(pte, spec, "Arm's INT partitioner")
+    info = require_delegate(pte, spec, "Arm's INT partitioner")
     planned = quantizer.planned(quantized, part)
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
