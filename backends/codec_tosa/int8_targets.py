@@ -51,6 +51,7 @@ from codec_tosa.commutation.table import XNNPACK, CommutationTable
 from codec_tosa.graph import PortGraph
 
 Annotations = Mapping[str, QuantizationAnnotation]  # by node name
+XNNPACK_BACKEND_ID = "XnnpackBackend"  # the delegates XnnpackPartitioner makes
 
 
 class Int8Target:
@@ -200,4 +201,4 @@ def _remap(qspec: QuantizationSpecBase | None, nodes: Mapping[str, torch.fx.Node
     return qspec
 
 
-__all__ = ["ArmTarget", "Int8Target", "XnnpackTarget", "int8_target"]
+__all__ = ["ArmTarget", "Int8Target", "XNNPACK_BACKEND_ID", "XnnpackTarget", "int8_target"]

@@ -207,3 +207,23 @@ def test_split_and_mean_are_rewritten_into_what_xnnpack_runs_on_codes() -> None:
     assert mean.args[1:] == ([2, 3], True)
     with torch.no_grad():
         assert torch.equal(gm(*x), expected)
+
+
+def test_cli_compiles_for_xnnpack_and_validate_holds_it_to_eager(tmp_path: Path, capsys: Any) -> None:
+    """`codec-tosa compile --target xnnpack` writes an XnnpackBackend .pte; validate
+    runs it in ExecuTorch and, XNNPACK's arithmetic not being the plan's, reports the
+    SQNR against eager and the exact check INCOMPLETE (exit 3), never PASS."""
+    from codec_tosa.runtime.pte import inspect_pte
+    from codec_tosa.tools.cli import main
+    from codec_tosa.tools.validate import Verdict, validate
+
+    out = tmp_path / "out"
+    assert main(["compile", f"{__file__}:_model", "--policy", "I", "--target", "xnnpack",
+                 "--samples", "4", "-o", str(out)]) == 0
+    info = inspect_pte((out / "model.pte").read_bytes())
+    assert info.delegate_ids == ("XnnpackBackend",)
+    v = validate(out / "model.pte")
+    assert v.verdict is Verdict.INCOMPLETE, "\n".join(v.lines())
+    assert all(o.sqnr_db is not None and o.sqnr_db >= 20.0 for o in v.outputs), "\n".join(v.lines())
+    assert main(["validate", str(out / "model.pte")]) == 3
+    assert "held to FP32 eager by SQNR only" in capsys.readouterr().out

@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "
                         "VgfBackend (ML SDK for Vulkan), with model.vgf and model.tosa beside the .pte; "
                         "an Ethos-U accelerator (ethos-u55-128, ethos-u85-256, ...): Arm's EthosUBackend "
-                        "(Vela), with model.tosa beside the .pte; needs --policy I")
+                        "(Vela), with model.tosa beside the .pte; needs --policy I; xnnpack: ExecuTorch's "
+                        "XnnpackBackend for CPUs (--policy I; validate holds it to eager by SQNR)")
     c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,
                    help="seeded held-out inputs stored with their eager and simulated outputs for validate")
     c.add_argument("-o", "--out", default="out", help="output directory")

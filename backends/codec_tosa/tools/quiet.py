@@ -79,6 +79,7 @@ DEFAULT_RULES = NoiseRules(
         # executorch's thread pool on a machine without ARM CPU identification
         r"cpuinfo_utils\.cpp.*Failed to open midr file",
         r"cpuinfo_utils\.cpp:\d+\] CPU info and manual query on # of cpus dont match",
+        r"cpuinfo_utils\.cpp:\d+\] Reading file /sys/",  # XNNPACK's, when it loads
         # TOSA serialization library version notes (compatible versions only)
         r"^WARNING: Different TOSA spec in flatbuffer and serializer versions detected\. "
         r".* is backward compatible",

@@ -42,6 +42,7 @@ import torch
 
 from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, TOSA_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
+from codec_tosa.int8_targets import XNNPACK_BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
 from codec_tosa.tools.artefacts import REPORT, delegate_file
@@ -446,13 +447,14 @@ def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Target:
     ids = [d.backend_id for d in every]
     kind = ("tosa" if BACKEND_ID in ids else "vgf" if VGF_BACKEND_ID in ids
             else "ethos-u" if ETHOS_U_BACKEND_ID in ids
+            else "xnnpack" if XNNPACK_BACKEND_ID in ids
             # Arm's stock TOSABackend (a CodecQuantizer program lowered with TOSAPartitioner)
             # holds a TOSA flatbuffer too; this runtime runs it as ours
             else "stock tosa" if TOSA_BACKEND_ID in ids else None)
     if kind is None:
         raise ValidationError(f"{pte}: holds no {BACKEND_ID} delegate (delegates: {ids or 'none'})")
     backend_id = {"tosa": BACKEND_ID, "vgf": VGF_BACKEND_ID, "ethos-u": ETHOS_U_BACKEND_ID,
-                  "stock tosa": TOSA_BACKEND_ID}[kind]
+                  "xnnpack": XNNPACK_BACKEND_ID, "stock tosa": TOSA_BACKEND_ID}[kind]
     ours = [d for d in every if d.backend_id == backend_id]
     spec = ours[0].compile_specs.get("spec") or _report_spec(pte)
     notes: list[str] = []
@@ -473,6 +475,8 @@ def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Target:
             if tosa is None:
                 notes.append(f"no {tosa_file.name} beside the .pte: delegate {d.index} not run on the "
                              "reference model")
+        elif kind == "xnnpack":
+            tosa = None  # XNNPACK's flatbuffer: run by ExecuTorch's XnnpackBackend itself
         else:
             tosa = d.payload
         if tosa is not None:
@@ -551,6 +555,11 @@ def make_runner(target: Target, data: bytes, pte: str | Path, wirings: list[Dele
             f"{ETHOS_U_BACKEND_ID}): the program ran in ExecuTorch with each Ethos-U delegate replaced "
             "by the TOSA Vela was given, on the TOSA reference model, and its CPU operators "
             "(the input quantize, the output dequantize) on ExecuTorch's kernels"]
+    if target.kind == "xnnpack":
+        return _ExecuTorchRunner(data, pte, wirings, target.delegates), [
+            f"the {XNNPACK_BACKEND_ID} delegates ran in ExecuTorch's runtime; XNNPACK requantizes in its "
+            "own fixed point, so the plan's simulation is not their oracle: outputs are held to FP32 "
+            "eager by SQNR only"]
     if target.kind == "stock tosa":
         relabelled = with_delegates_replaced(data, {i: (BACKEND_ID, d.payload) for i, d in target.delegates.items()},
                                              pte)
@@ -590,7 +599,8 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     checks = {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
                                         (w.reason if vgf else None) or (
                                             None if target.delegates[w.delegate].tosa is not None
-                                            else "its TOSA is not available"))
+                                            else "an XNNPACK flatbuffer: no reference model runs it"
+                                            if target.kind == "xnnpack" else "its TOSA is not available"))
               for w in wirings}
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
