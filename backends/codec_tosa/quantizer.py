@@ -171,16 +171,19 @@ class CodecQuantizer(Quantizer):
         replay._reuse, replay._observers = dict(self._observers), {}
         return convert_pt2e(prepare_pt2e(copy.deepcopy(a.fp32), replay))
 
-    def planned(self, quantized: ExportedProgram, partitioner: Partitioner) -> PlannedProgram:
+    def planned(self, quantized: ExportedProgram, partitioner: Partitioner,
+                materialized: ExportedProgram | None = None) -> PlannedProgram:
         """The plan's record for the simulation: its materialised program is the edge
         program `partitioner` tags when `quantized` (the exported converted module)
-        is lowered with it, decomposed exactly as that lowering decomposes it; its
-        program, the FP32 graph this quantizer annotated, decomposed the same way."""
+        is lowered with it, decomposed exactly as that lowering decomposes it (given,
+        when the caller decomposed it already: `decomposed_for`); its program, the
+        FP32 graph this quantizer annotated, decomposed the same way."""
         a = self._require()
         args, kwargs = quantized.example_inputs
         fp32 = edge_program(torch.export.export(self.fp32_module(), args, kwargs), partitioner)
-        return PlannedProgram(self.spec, a.graph, a.placement, self.thetas(), fp32,
-                              _materialized=edge_program(quantized, partitioner))
+        if materialized is None:
+            materialized = edge_program(quantized, partitioner)
+        return PlannedProgram(self.spec, a.graph, a.placement, self.thetas(), fp32, _materialized=materialized)
 
     def _require(self) -> _Annotated:
         if self._annotated is None:
@@ -215,6 +218,13 @@ def edge_program(program: ExportedProgram, partitioner: Partitioner) -> Exported
     """`program` as `to_edge_transform_and_lower(program, [partitioner])` hands it to
     the partitioner (its pre-decomposition transforms and the operators it keeps
     whole), with nothing delegated and real constants."""
+    return decomposed_for(program, partitioner).exported_program()
+
+
+def decomposed_for(program: ExportedProgram, partitioner: Partitioner) -> Any:
+    """`edge_program`'s EdgeProgramManager: its `.to_backend(partitioner)` is then
+    the lowering `to_edge_transform_and_lower(program, [partitioner])` does, and
+    its program before that call the plan's materialised program, decomposed once."""
     from executorch.exir import to_edge_transform_and_lower
 
     class Decomposing(Partitioner):
@@ -237,8 +247,7 @@ def edge_program(program: ExportedProgram, partitioner: Partitioner) -> Exported
             self.partitioned = True
             return PartitionResult(tagged_exported_program=ep, partition_tags={})
 
-    edge = to_edge_transform_and_lower(copy.deepcopy(program), partitioner=[Decomposing()])
-    return edge.exported_program()
+    return to_edge_transform_and_lower(copy.deepcopy(program), partitioner=[Decomposing()])
 
 
 def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy: str) -> Row | None:
