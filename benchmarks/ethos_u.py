@@ -47,12 +47,13 @@ from typing import Any, Sequence
 
 import torch
 
+from codec_tosa.units import MIB
+
 DEFAULT_MODELS = ("shufflenet_v2", "mobilenet_v2", "inception_v3", "unet")
 DEFAULT_TARGETS = ("ethos-u55-128", "ethos-u85-256")
 DEFAULT_JSON = Path(__file__).resolve().parent / "ethos_u.json"
 HELD_OUT_SEED = 1234
 CALIBRATION_SAMPLES = 4  # the example input and 3 seeded random ones (seed 0)
-MIB = 1 << 20
 
 
 @dataclass

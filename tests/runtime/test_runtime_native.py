@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tosa_reference_model  # a dependency: missing fails, never skips
 from torch import nn
 
 from codec_tosa.runtime import native
 from codec_tosa.runtime.executorch_runner import PteRunError, run_pte
 from codec_tosa.runtime.pte import inspect_pte
 
-tosa_reference_model = pytest.importorskip("tosa_reference_model")
 
 BACKEND_ID = "CodecTosaBackend"
 
@@ -280,7 +280,7 @@ def test_fp16_boundaries(backend_library: Path) -> None:
 @pytest.mark.slow
 def test_tiny_shufflenet_int8_matches_reference_model_bit_exactly(backend_library: Path) -> None:
     """Split, concat, channel shuffle, depthwise conv, pooling: a wider operator mix."""
-    tiny = pytest.importorskip("codec_tosa_examples.models.tiny")
+    import codec_tosa_examples.models.tiny as tiny
     model, example = tiny.tiny_shufflenet()
     pte, payload, edge = _lower_stock(
         model.eval(), example, "TOSA-1.0+INT", quant_config="get_symmetric_quantization_config"
@@ -326,7 +326,7 @@ def _codec_tosa_partitioner(tosa_spec: str) -> object:
 
 def test_codec_tosa_backend_pte_end_to_end(backend_library: Path) -> None:
     """Python CodecTosaBackend.preprocess -> .pte -> C++ CodecTosaBackend, bit-exact."""
-    backend = pytest.importorskip("codec_tosa.backend")
+    import codec_tosa.backend as backend
     assert backend.CodecTosaBackend.__name__ == BACKEND_ID
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir._serialize._program import _extract_delegate_payload
@@ -349,8 +349,8 @@ def test_codec_tosa_backend_pte_end_to_end(backend_library: Path) -> None:
 @pytest.mark.parametrize("policy", ["Z", "W"])
 def test_codec_tosa_partitioner_pte_runs_bit_exactly(backend_library: Path, policy: str) -> None:
     """The product path (placement, calibration, codecs for W) through the C++ runtime."""
-    partitioner = pytest.importorskip("codec_tosa.partitioner")
-    spec = pytest.importorskip("codec_tosa.spec")
+    import codec_tosa.partitioner as partitioner
+    import codec_tosa.spec as spec
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir._serialize._program import _extract_delegate_payload
 

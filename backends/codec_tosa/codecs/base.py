@@ -8,7 +8,7 @@ INT4, FP8 or block-scaled codecs implement the same interface.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -43,14 +43,3 @@ class ChannelTheta:
     qmax: int
     dtype: torch.dtype
 
-
-class ActivationCodec(Protocol):
-    code_bytes: int
-
-    def learn(self, lo: float, hi: float) -> Theta: ...
-
-
-class WeightCodec(Protocol):
-    code_bytes: int
-
-    def learn_weight(self, weight: torch.Tensor, axis: int = 0) -> ChannelTheta: ...

@@ -48,15 +48,6 @@ class DomainSets:
     # root -> the dominators of the domains merged into it by shared coalescence
     shared: dict[int, list[Dominator]] = field(default_factory=dict)
 
-    def of_in_port(self, port: int) -> int:
-        return self.uf.find(port)
-
-    def of_value(self, value: int) -> int:
-        return self.uf.find(self.num_in_ports + value)
-
-    def of_encode(self, value: int) -> int:
-        return self.uf.find(self.num_in_ports + self.num_values + value)
-
 
 def build_domains(graph: PortGraph, sem: Semantics, placement: str) -> DomainSets:
     check_placement(placement)
