@@ -109,3 +109,16 @@ def log10():
 
 def log10_bf16():
     return HalfLog10().eval(), (torch.rand(2, 3, dtype=torch.bfloat16) + 0.5,)
+
+
+class Cond(nn.Module):
+    """torch.cond on a full reduction, as Arm's test_cond: the predicate is a
+    rank-0 tensor at the delegate boundary, which TOSA gives the shape [1]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda a: torch.sin(a), lambda a: torch.cos(a), [x])
+
+
+def cond():
+    torch.manual_seed(0)
+    return Cond().eval(), (torch.randn(1, 4, 4),)

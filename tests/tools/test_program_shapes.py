@@ -24,7 +24,7 @@ def _compile(model: str, policy: str, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("model,policy", [("compare", "I"), ("in_place", "W"), ("log", "W"),
-                                          ("self_attention", "W"), ("scaled", "I")])
+                                          ("self_attention", "W"), ("scaled", "I"), ("cond", "W")])
 def test_compiles_and_validates(model: str, policy: str, tmp_path: Path) -> None:
     v = validate(_compile(model, policy, tmp_path))
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
