@@ -34,3 +34,21 @@ def test_specs_no_partitioner_can_serve_are_refused_when_made() -> None:
         CodecSpec(policy="I", target="vgf")
     with pytest.raises(ValueError, match="needs --policy I"):
         CodecSpec(policy="W", target="ethos-u85-256")
+
+
+def test_calibration_from_a_data_loader_generator() -> None:
+    """`calibration=` is any iterable of input tuples: a generator over a DataLoader
+    that yields (images, labels) batches, as a user calibrates on their own data."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from codec_tosa.runtime.pte import inspect_pte
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(8, 3, 8, 8), torch.zeros(8, dtype=torch.long))
+    loader = DataLoader(data, batch_size=1)
+    x = (torch.randn(1, 3, 8, 8),)
+    part = CodecTosaPartitioner(CodecSpec(policy="W"), calibration=((images,) for images, _ in loader))
+    pte = to_edge_transform_and_lower(torch.export.export(_ConvReluConv().eval(), x),
+                                      partitioner=[part]).to_executorch().buffer
+    assert inspect_pte(pte).delegate_ids == ("CodecTosaBackend",)
+    assert part.planned is not None and part.planned.placement.plan.domains
