@@ -76,3 +76,23 @@ def test_histogram_differs_from_min_max_on_heavy_tails() -> None:
 def test_unknown_observer_is_refused() -> None:
     with pytest.raises(CalibrationError, match="unknown observer 'median'"):
         _thetas(_heavy_tailed(1), "median")
+
+
+def test_seeded_inputs_follow_the_examples_domain_and_aliasing() -> None:
+    """`random_calibration` (and the held-out samples, drawn the same way): standard
+    normal where the example reaches beyond +-1, uniform over the example's range
+    otherwise (an acos's [-1, 1], a sqrt's [0, 4]), integers as given, and a tensor
+    passed twice drawn once."""
+    from codec_tosa.calibration import random_calibration
+
+    gen = torch.Generator().manual_seed(0)
+    normal = torch.randn(64, generator=gen)
+    ramp = torch.linspace(-1.0, 1.0, 16)
+    positive = torch.rand(32, generator=gen) * 4.0
+    index = torch.tensor([3, 1, 2])
+    (a, b, c, i, a2), = random_calibration((normal, ramp, positive, index, normal), 1, seed=5)
+    assert a.min() < -1.0 and a.max() > 1.0 and not torch.equal(a, normal)
+    assert -1.0 <= float(b.min()) and float(b.max()) <= 1.0 and not torch.equal(b, ramp)
+    assert float(c.min()) >= float(positive.min()) and float(c.max()) <= float(positive.max())
+    assert torch.equal(i, index)
+    assert a2 is a

@@ -186,10 +186,10 @@ def random_calibration(example_inputs: Sequence[Any], n: int = 4, seed: int = 0)
     user gives no calibration data; validation draws its held-out samples the
     same way with another seed), nested like them (tuples, lists, dicts):
 
-    * a floating-point tensor whose example spans at least [-1, 1] is standard
-      normal; one that does not (non-negative inputs of a sqrt, [-1, 1) inputs
-      of an acos, images in [0, 1]) is uniform over the example's own range, so
-      that an operator with a domain gets inputs inside it;
+    * a floating-point tensor whose example reaches beyond -1 and beyond 1 is
+      standard normal; one that does not (non-negative inputs of a sqrt, [-1, 1]
+      inputs of an acos, images in [0, 1]) is uniform over the example's own
+      range, so that an operator with a domain gets inputs inside it;
     * any other tensor (indices, masks, counts) is the example's, whose valid
       values are not known;
     * a tensor the example passes more than once (``mha(x, x, x)``) is drawn
@@ -201,7 +201,9 @@ def random_calibration(example_inputs: Sequence[Any], n: int = 4, seed: int = 0)
         if not t.dtype.is_floating_point or not t.numel():
             return t.clone()
         lo, hi = float(t.min()), float(t.max())
-        if lo <= -1.0 and hi >= 1.0 or not (math.isfinite(lo) and math.isfinite(hi)):
+        # beyond [-1, 1] on both sides: a standard normal example; an example on
+        # [-1, 1] exactly is an acos's or asin's domain (Arm's ramp tests)
+        if lo < -1.0 and hi > 1.0 or not (math.isfinite(lo) and math.isfinite(hi)):
             return torch.randn(t.shape, generator=gen, dtype=t.dtype)
         return torch.rand(t.shape, generator=gen, dtype=t.dtype) * (hi - lo) + lo
 
