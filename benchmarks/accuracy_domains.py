@@ -131,7 +131,7 @@ def _pt2e_tensors(flow: Flow, module: torch.nn.Module, example: tuple, calibrati
         prepared = prepare_pt2e(torch.export.export(module, example).module(check_guards=False), quantizer)
         for batch in calibration:
             prepared(*batch)
-    modules = dict(prepared.named_modules())
+    modules = dict(prepared.named_modules(remove_duplicate=False))  # shared observers under each name
     observers = {n.target for n in prepared.graph.nodes
                  if n.op == "call_module" and "activation_post_process" in str(n.target)}
     by_node: dict[str, Tensor] = {}

@@ -370,18 +370,14 @@ def _xnnpack_contents(graphs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def analyse_pte(pte: bytes) -> PteStats:
     """Count what the 'forward' execution plan runs: delegate calls and CPU kernels."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
+    from codec_tosa.runtime.pte import call_counts, delegates as pte_delegates
 
-    from codec_tosa.runtime.pte import call_counts
-
-    program = deserialize_pte_binary(pte).program  # with its segments: the delegates' data
-    plan = next(p for p in program.execution_plan if p.name == "forward")
     delegates, ops = call_counts(pte)
     payload, graphs, decode_error = 0, [], ""
-    for delegate in plan.delegates:
-        data = program.backend_delegate_data[delegate.processed.index].data  # segments restored
+    for delegate in (d for d in pte_delegates(pte) if d.method == "forward"):
+        data = delegate.payload
         payload += len(data)
-        if delegate.id == "XnnpackBackend" and not decode_error:
+        if delegate.backend_id == "XnnpackBackend" and not decode_error:
             try:
                 graphs.append(decode_xnnpack_payload(data))
             except Exception as exc:  # the counts above stand without it

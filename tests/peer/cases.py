@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from isolation import one_line
+
 ARM_TESTS_PACKAGE = "executorch.backends.arm.test"
 OPS_PACKAGE = f"{ARM_TESTS_PACKAGE}.ops"
 # Arm's conftest seeds every test with 0 by default (TEST_SEED); we do the same.
@@ -316,8 +318,7 @@ def _dtypes(inputs: tuple[Any, ...]) -> tuple[str, ...]:
 
 
 def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+    return one_line(e, 300)  # a case's skip reason
 
 
 def _builder(mod: types.ModuleType, func: Callable[..., Any], kwargs: dict[str, Any], index: int) -> Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]:

@@ -14,16 +14,12 @@ flows, and becomes a JSON-able record:
 
 from __future__ import annotations
 
-import multiprocessing
 import tempfile
-import time
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, TypedDict
-
-import torch
+from typing import Any, TypedDict
 
 from cases import PeerCase
+from isolation import isolated
 
 POLICIES = ("W", "I")
 SAMPLES = 4  # held-out samples compile stores and validate checks
@@ -69,49 +65,11 @@ def run_policy(case: PeerCase, policy: str) -> OursRecord:
         return record
 
 
-def _child(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)
-    try:
-        conn.send(fn(*args))
-    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
-        conn.send({"verdict": "crash", "line": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
-    finally:
-        conn.close()
-
-
-def isolated(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> dict[str, Any]:
-    """`fn(*args)` in a forked child; a timeout or a dead child becomes the record."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    t0 = time.perf_counter()
-    # not daemonic: validate runs the runtime in processes of its own
-    proc = ctx.Process(target=_child, args=(send, fn, args), daemon=False)
-    proc.start()
-    send.close()
-    record: dict[str, Any] | None = None
-    try:
-        if recv.poll(timeout):
-            record = recv.recv()
-    except EOFError:
-        pass
-    finally:
-        recv.close()
-    if record is None:
-        if proc.is_alive():
-            proc.kill()
-            record = {"verdict": "timeout", "line": f"timeout after {timeout:.0f}s"}
-        else:
-            proc.join(30)
-            record = {"verdict": "crash", "line": f"child died: exit {proc.exitcode}"}
-    proc.join(10)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    record["seconds"] = round(time.perf_counter() - t0, 3)
-    return record
+def failed_record(kind: str, line: str) -> dict[str, Any]:
+    return {"verdict": kind, "line": line}
 
 
 def run_case(case: PeerCase, policies: tuple[str, ...] = POLICIES,
              timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """Every policy on one case, each in its own child."""
-    return {"operator": case.operator, **{p: isolated(run_policy, (case, p), timeout) for p in policies}}
+    return {"operator": case.operator, **{p: isolated(run_policy, (case, p), timeout, failed_record) for p in policies}}

@@ -16,14 +16,13 @@ or runaway allocation in one case becomes a record instead of killing the run.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
-from multiprocessing.connection import Connection
 from typing import Any, TypedDict
 
 import torch
 
 from cases import PeerCase
+from isolation import isolated, one_line
 
 FLOWS = ("fp", "int")
 DEFAULT_TIMEOUT_S = 120.0
@@ -128,11 +127,6 @@ def _output_glue(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 # --------------------------------------------------------------------------- the flows
 
 
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:400]
-
-
 def _lower(exported: Any, spec: str) -> Any:
     from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
@@ -177,7 +171,7 @@ def run_flow(case: PeerCase, flow: str) -> FlowRecord:
         rec["stage"] = "done"
         rec["ok"] = True
     except Exception as e:  # noqa: BLE001 - a failing flow is the data we collect
-        rec["error"] = _one_line(e)
+        rec["error"] = one_line(e)
     rec["seconds"] = round(time.perf_counter() - t0, 3)
     return rec
 
@@ -194,50 +188,13 @@ def preload() -> None:
     import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
 
 
-def _child(conn: Connection, case: PeerCase, flow: str) -> None:
-    torch.set_num_threads(1)
-    try:
-        conn.send(run_flow(case, flow))
-    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
-        conn.send({"ok": False, "stage": "child", "error": _one_line(e)})
-    finally:
-        conn.close()
+def _failed(kind: str, line: str) -> dict[str, Any]:
+    return {"ok": False, "stage": "child", "error": line}
 
 
 def run_flow_isolated(case: PeerCase, flow: str, timeout: float = DEFAULT_TIMEOUT_S) -> FlowRecord:
     """``run_flow`` in a forked child; a timeout or a dead child becomes the error."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    t0 = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(send, case, flow), daemon=True)
-    proc.start()
-    send.close()  # the child holds the write end; EOF on recv means it died
-    rec: FlowRecord | None = None
-    timed_out = False
-    try:
-        if recv.poll(timeout):  # also True when the child died (EOF)
-            rec = recv.recv()
-        else:
-            timed_out = True
-    except EOFError:
-        pass
-    finally:
-        recv.close()
-    if rec is None:
-        if timed_out:
-            proc.kill()
-            error = f"timeout after {timeout:.0f}s"
-        else:
-            proc.join(30)
-            code = proc.exitcode
-            error = f"child died: signal {-code}" if code is not None and code < 0 else f"child died: exit {code}"
-        rec = {"ok": False, "stage": "child", "error": error}
-    proc.join(10)
-    if proc.is_alive():  # stuck in interpreter teardown: the record is already in
-        proc.kill()
-        proc.join()
-    rec["seconds"] = round(time.perf_counter() - t0, 3)
-    return rec
+    return isolated(run_flow, (case, flow), timeout, _failed)  # type: ignore[return-value]
 
 
 def run_case(case: PeerCase, timeout: float = DEFAULT_TIMEOUT_S, flows: tuple[str, ...] = FLOWS) -> CaseRecord:

@@ -18,7 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from cases import PeerCase, collect_cases  # noqa: E402
-from ours import isolated, run_policy  # noqa: E402
+from isolation import isolated  # noqa: E402
+from ours import failed_record, run_policy  # noqa: E402
 
 BASELINE = Path(__file__).parent / "stock_baseline.json"
 SEED = int(os.environ.get("CODEC_TOSA_PEER_SEED", "0"))
@@ -36,7 +37,7 @@ def _sample() -> list[PeerCase]:
 @pytest.mark.parametrize("case", _sample(), ids=lambda c: c.id)
 @pytest.mark.parametrize("policy", ["W", "I"])
 def test_stock_delegated_case_passes_or_is_refused_in_one_line(case: PeerCase, policy: str) -> None:
-    record = isolated(run_policy, (case, policy), timeout=300.0)
+    record = isolated(run_policy, (case, policy), 300.0, failed_record)
     verdict, line = record.get("verdict"), record.get("line", "")
     if verdict == "refused":
         assert line and "\n" not in line, (case.id, line)

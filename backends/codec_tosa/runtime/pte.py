@@ -73,19 +73,25 @@ class PteInfo:
         return any(op.startswith(_QUANTIZED_NAMESPACE) for op in self.operators)
 
 
-def inspect_pte(data: bytes) -> PteInfo:
-    """Parse the program's flatbuffer header (not its segments)."""
+def _program_header(data: bytes) -> Any:
+    """The program flatbuffer (not its segments)."""
     # Private but stable within the pinned executorch; the same parser
     # _extract_delegate_payload uses.
-    from executorch.exir import schema
     from executorch.exir._serialize import _program
 
     try:
         header = _program._get_extended_header(data)
         size = header.program_size if header is not None and header.is_valid() else len(data)
-        program = _program._flatbuffer_to_program(data[:size])
+        return _program._flatbuffer_to_program(data[:size])
     except Exception as exc:  # the flatbuffer parser raises many kinds
         raise PteError(f"not a valid ExecuTorch program (.pte): {exc}") from exc
+
+
+def inspect_pte(data: bytes) -> PteInfo:
+    """Parse the program's flatbuffer header (not its segments)."""
+    from executorch.exir import schema
+
+    program = _program_header(data)
     operators = tuple(op.name for plan in program.execution_plan for op in plan.operators)
     delegates = tuple(d.id for plan in program.execution_plan for d in plan.delegates)
     if not program.execution_plan:
@@ -110,11 +116,8 @@ def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Cou
     """What `method` runs: delegate calls by backend id, and CPU kernel calls by
     operator (``name.overload`` where the program names an overload)."""
     from executorch.exir import schema
-    from executorch.exir._serialize import _program
 
-    header = _program._get_extended_header(data)
-    size = header.program_size if header is not None and header.is_valid() else len(data)
-    program = _program._flatbuffer_to_program(data[:size])
+    program = _program_header(data)
     plan = next(p for p in program.execution_plan if p.name == method)
     delegates: Counter[str] = Counter()
     kernels: Counter[str] = Counter()

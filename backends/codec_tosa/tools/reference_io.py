@@ -187,9 +187,7 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
     sets = [InputSet("example" if k == 0 else f"sample {k - 1}", leaves(x), [_numpy(t) for t in e])
             for k, (x, e) in enumerate(zip(cases, eager))]
     envelopes: list[Envelope] = []
-    if not simulated:
-        pass
-    elif planned is not None:
+    if simulated and planned is not None:
         for s, x in zip(sets, cases):
             s.planned = [_numpy(t) for t in run_planned(planned, x)]
         if spec.reference:
@@ -202,7 +200,7 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
                 s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
                 if any(env.ambiguous for env in envelopes):
                     s.allowance = [_numpy(a) for a in e.allowance]
-    else:
+    elif simulated:
         for s in sets:
             s.simulated = s.eager
     fallback = fp32_steps(eager[0])
