@@ -31,7 +31,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER = ROOT / "tests" / "peer"
@@ -72,7 +72,9 @@ def goals(results: dict[str, Any], stock: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(results: dict[str, Any], stock: dict[str, Any]) -> str:
+def _per_operator(results: dict[str, Any], stock: dict[str, Any],
+                  verdict: Callable[[str], str]) -> dict[str, collections.Counter[str]]:
+    """Per operator: cases, stock's delegated counts (fp, int) and `P:verdict(v)` counts."""
     rows: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for i, rec in results.items():
         r = rows[rec["operator"]]
@@ -80,7 +82,12 @@ def summarize(results: dict[str, Any], stock: dict[str, Any]) -> str:
         r["fp"] += bool(stock.get(i, {}).get("fp", {}).get("delegated"))
         r["int"] += bool(stock.get(i, {}).get("int", {}).get("delegated"))
         for p in ("W", "I"):
-            r[f"{p}:{rec[p].get('verdict')}"] += 1
+            r[f"{p}:{verdict(rec[p].get('verdict'))}"] += 1
+    return rows
+
+
+def summarize(results: dict[str, Any], stock: dict[str, Any]) -> str:
+    rows = _per_operator(results, stock, str)
     head = (f"{'operator':22s} {'cases':>5s} {'FP del':>6s} {'W PASS':>6s} {'W ref':>5s} {'W other':>7s} "
             f"{'INT del':>7s} {'I PASS':>6s} {'I ref':>5s} {'I other':>7s}")
     lines = [head, "-" * len(head)]
@@ -103,12 +110,34 @@ def summarize(results: dict[str, Any], stock: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(results: dict[str, Any], stock: dict[str, Any]) -> str:
+    """The per-operator table of RESULTS.md: refusals split into ours and a library's."""
+    rows = _per_operator(results, stock, lambda v: v if v in (PASS, REFUSED, "library") else "other")
+    lines = ["| operator | cases | stock FP delegates | W PASS | W refused (ours / library) | W other "
+             "| stock INT8 delegates | I PASS | I refused (ours / library) | I other |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for op in sorted(rows):
+        r = rows[op]
+        lines.append(f"| {op} | {r['cases']} | {r['fp']} | {r['W:PASS']} | {r['W:refused']} / {r['W:library']} "
+                     f"| {r['W:other']} | {r['int']} | {r['I:PASS']} | {r['I:refused']} / {r['I:library']} "
+                     f"| {r['I:other']} |")
+    return "\n".join(lines)
+
+
 def _row(name: str, r: collections.Counter[str]) -> str:
     def other(p: str) -> int:
         return sum(v for k, v in r.items() if k.startswith(f"{p}:") and k not in (f"{p}:{PASS}", f"{p}:{REFUSED}"))
 
     return (f"{name:22s} {r['cases']:5d} {r['fp']:6d} {r['W:PASS']:6d} {r['W:refused']:5d} {other('W'):7d} "
             f"{r['int']:7d} {r['I:PASS']:6d} {r['I:refused']:5d} {other('I'):7d}")
+
+
+def _commit() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    return done.stdout.strip() or "unknown"
 
 
 def _save(path: Path, data: dict[str, Any]) -> None:
@@ -127,16 +156,20 @@ def main() -> int:
     ap.add_argument("--resume", action="store_true", help="keep the JSON's results, run only missing ids")
     ap.add_argument("--rerun", action="store_true",
                     help="keep the JSON's results but run again every case not PASS or refused at W and I")
+    ap.add_argument("--policies", nargs="+", choices=("W", "I"), default=["W", "I"],
+                    help="run these policies only, keeping the JSON's results for the other")
     ap.add_argument("--summary", action="store_true", help="only print the table of the existing JSON")
+    ap.add_argument("--markdown", action="store_true", help="with --summary: the per-operator table as Markdown")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
 
     stock = json.loads(BASELINE.read_text())["cases"]
-    keep = args.summary or args.resume or args.rerun
+    partial = tuple(args.policies) != ("W", "I")
+    keep = args.summary or args.resume or args.rerun or partial
     data: dict[str, Any] = (json.loads(args.json.read_text()) if keep and args.json.exists()
                             else {"meta": {}, "cases": {}})
     if args.summary:
-        print(summarize(data["cases"], stock))
+        print(markdown(data["cases"], stock) if args.markdown else summarize(data["cases"], stock))
         return 0
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -150,17 +183,21 @@ def main() -> int:
     if args.rerun:
         for i in [i for i, r in results.items() if any(r[p].get("verdict") not in (PASS, REFUSED) for p in ("W", "I"))]:
             del results[i]
-    todo = [c for c in picked if c.id not in results]
+    todo = [c for c in picked if partial or c.id not in results]
     print(f"{len(todo)} cases to run ({len(picked)} picked)", flush=True)
     t0 = time.perf_counter()
     for n, case in enumerate(todo, 1):
-        rec = ours.run_case(case, timeout=args.timeout)
+        rec = {**results.get(case.id, {}), **ours.run_case(case, tuple(args.policies), timeout=args.timeout)}
+        rec.update({p: rec.get(p, {"verdict": "not run"}) for p in ("W", "I")})
         results[case.id] = rec
         print(f"[{n}/{len(todo)} {time.perf_counter() - t0:6.0f}s] W {rec['W'].get('verdict'):10s} "
               f"I {rec['I'].get('verdict'):10s} {case.id}", flush=True)
         if n % _CHECKPOINT_EVERY == 0:
             _save(args.json, data)
-    data["meta"] = {"command": "python benchmarks/peer.py " + " ".join(sys.argv[1:]),
+    command = "python benchmarks/peer.py " + " ".join(sys.argv[1:])
+    runs = [*data.get("meta", {}).get("runs", []), {"commit": _commit(), "command": command, "cases": len(todo),
+                                                     "wall_seconds": round(time.perf_counter() - t0)}]
+    data["meta"] = {"command": command, "runs": runs,
                     "per_operator": None if args.all else args.per_operator, "seed": args.seed,
                     "updated": datetime.datetime.now().isoformat(timespec="seconds"),
                     "wall_seconds": round(time.perf_counter() - t0, 1), "goals": goals(results, stock)}

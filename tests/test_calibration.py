@@ -96,3 +96,25 @@ def test_seeded_inputs_follow_the_examples_domain_and_aliasing() -> None:
     assert float(c.min()) >= float(positive.min()) and float(c.max()) <= float(positive.max())
     assert torch.equal(i, index)
     assert a2 is a
+
+
+@pytest.mark.parametrize("observer", ["minmax", "histogram"])
+def test_the_quantizer_observer_leaves_infinities_out_and_refuses_a_range_of_none(observer: str) -> None:
+    # CodecQuantizer's observer (policy I) follows the same rule as learn_thetas
+    from codec_tosa.observers import DomainObserver
+
+    x = torch.linspace(-2.0, 3.0, 101)
+    with_inf = x.clone()
+    with_inf[[0, 50]] = torch.tensor([-float("inf"), float("nan")])
+    plain, seen = DomainObserver(observer=observer), DomainObserver(observer=observer)
+    finite = torch.cat([x[1:50], x[51:]])  # what with_inf holds that a code can
+    for _ in range(2):
+        plain(finite)
+    seen(with_inf)
+    seen(finite)
+    assert seen.theta() == plain.theta()
+    assert float(seen.min_val) == pytest.approx(float(x[1]))
+    nothing = DomainObserver(observer=observer, label="3 (dominator o(log))")
+    nothing(torch.full((4,), -float("inf")))
+    with pytest.raises(ValueError, match=r"domain 3 \(dominator o\(log\)\): calibration produced no finite value"):
+        nothing.theta()

@@ -15,6 +15,7 @@ from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_options
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.serialization.pooling_record import pooling_record
+from codec_tosa.serialization.tosa_stats import entry_io_tensors
 
 
 # ExecuTorch finds backends by class name; the .pte names the delegate by it.
@@ -35,8 +36,31 @@ def lower_to_tosa(edge_program: ExportedProgram, arm_spec: Any, pool_constants: 
         edge_program = materialize(edge_program)
     serializer = arm_adapter.new_serializer(
         arm_spec, PooledTosaSerializer if pool_constants else ts.TosaSerializer)
+    inputs = [n.name for n in edge_program.graph.nodes
+              if n.op == "placeholder" and n.name in edge_program.graph_signature.user_inputs]
     payload = arm_adapter.lower_into(edge_program, arm_spec, serializer, lower_codecs=planned)
+    _require_every_input_read(inputs, payload)
     return payload, (serializer.stats if pool_constants else None)
+
+
+class UnreadDelegateInput(ValueError):
+    """Arm's pipeline left a delegate input unread and dropped it from the TOSA graph."""
+
+
+def _require_every_input_read(inputs: list[str], payload: bytes) -> None:
+    """The delegate call passes every input of the partition; Arm's serializer skips
+    placeholders its passes left without users (a value only a constant-folded
+    operator read), so the TOSA graph would take fewer inputs than the call passes
+    and the runtime would refuse the program. Say so at compile time, naming them."""
+    tosa_inputs, _ = entry_io_tensors(payload)
+    if len(tosa_inputs) == len(inputs):
+        return
+    read = {t.name for t in tosa_inputs}
+    unread = [name for name in inputs if name not in read]
+    raise UnreadDelegateInput(
+        f"delegate input {', '.join(unread) or '?'}: Arm's TOSA lowering folded every operator "
+        "that reads it to a constant (one that reads only its shape) and dropped it from the "
+        "TOSA graph, so the program would not run")
 
 
 @final

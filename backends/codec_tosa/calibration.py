@@ -91,6 +91,24 @@ OBSERVERS = (MINMAX, HISTOGRAM)
 HISTOGRAM_EPS = 2.0 ** -16
 
 
+NO_FINITE_RANGE = "calibration produced no finite value, only infinities or NaNs: no range to code"
+
+
+def finite_values(x: torch.Tensor) -> torch.Tensor | None:
+    """What a range observer sees of `x`: its finite values, as float32 (flattened
+    when some are not), or None when it has none. An INT8 code cannot hold an
+    infinity or a NaN (quantize saturates an infinity at a code bound), so they say
+    nothing about the range: atanh at +-1 or logit at 0 would otherwise leave the
+    domain no finite scale."""
+    if x.numel() == 0:
+        return None
+    seen = x.detach().float()
+    finite = torch.isfinite(seen)
+    if bool(finite.all()):
+        return seen
+    return seen[finite] if bool(finite.any()) else None
+
+
 class _RangeObserver(torch.fx.Interpreter):
     """Min/max per watched node; with `histogram`, one HistogramObserver per
     domain, fed every tensor the domain is observed at."""
@@ -101,6 +119,7 @@ class _RangeObserver(torch.fx.Interpreter):
         self.lo: dict[str, float] = {}
         self.hi: dict[str, float] = {}
         self.histograms: dict[int, Any] = {}
+        self.only_nonfinite: set[str] = set()  # watched nodes that gave a tensor with no finite value
         if histogram:
             # the observer Arm's quantizer uses (imported here: torchao is slow and loud to import)
             from torchao.quantization.pt2e import HistogramObserver
@@ -112,13 +131,15 @@ class _RangeObserver(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
-        if n.name in self.watch and isinstance(out, torch.Tensor) and out.numel():
-            lo, hi = float(out.min()), float(out.max())
+        seen = finite_values(out) if n.name in self.watch and isinstance(out, torch.Tensor) else None
+        if seen is None and n.name in self.watch and isinstance(out, torch.Tensor) and out.numel():
+            self.only_nonfinite.add(n.name)
+        if seen is not None:
+            lo, hi = float(seen.min()), float(seen.max())
             self.lo[n.name] = min(lo, self.lo.get(n.name, math.inf))
             self.hi[n.name] = max(hi, self.hi.get(n.name, -math.inf))
-            if self.histograms and math.isfinite(lo) and math.isfinite(hi):
-                for d in self.watch[n.name]:
-                    self.histograms[d](out.detach().float())
+            for d in self.watch[n.name] if self.histograms else ():
+                self.histograms[d](seen)
         return out
 
     def histogram_range(self, d: int) -> tuple[float, float] | None:
@@ -170,12 +191,12 @@ def learn_thetas(
     for d in learned:
         names = where[d.id]
         seen = [n for n in names if n in ranges.lo]  # empty tensors are not observed
-        lo = min((ranges.lo[n] for n in seen), default=0.0)
-        hi = max((ranges.hi[n] for n in seen), default=0.0)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        if not seen and ranges.only_nonfinite.intersection(names):
             raise CalibrationError(
                 f"domain {d.id} (dominator {' + '.join(d.dominators)}, node {', '.join(names)}): "
-                f"calibration produced a non-finite range [{lo}, {hi}]")
+                f"{NO_FINITE_RANGE}")
+        lo = min((ranges.lo[n] for n in seen), default=0.0)
+        hi = max((ranges.hi[n] for n in seen), default=0.0)
         clipped = ranges.histogram_range(d.id)
         thetas[d.id] = codec.learn(*(clipped or (lo, hi)))
     return thetas

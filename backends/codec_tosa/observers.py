@@ -30,7 +30,7 @@ import torch
 from torchao.quantization.pt2e import HistogramObserver
 from torchao.quantization.pt2e.observer import ObserverBase
 
-from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX
+from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX, NO_FINITE_RANGE, finite_values
 from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.int8 import (
     DEFAULT_CODEC,
@@ -61,6 +61,7 @@ class DomainObserver(ObserverBase):
         self.near_symmetric = near_symmetric
         self.clip = clip
         self.label = label  # the domain and its dominator, for error messages
+        self.only_nonfinite = False  # saw a tensor with no finite value
         self.register_buffer("min_val", torch.tensor(math.inf, dtype=torch.float64))
         self.register_buffer("max_val", torch.tensor(-math.inf, dtype=torch.float64))
         self.histogram = (HistogramObserver(dtype=torch.int8, quant_min=QMIN, quant_max=QMAX,
@@ -68,25 +69,26 @@ class DomainObserver(ObserverBase):
                           if observer == HISTOGRAM else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == 0:
-            return x  # an empty tensor has no range
-        seen = x.detach().float()
+        seen = finite_values(x)
+        if seen is None:
+            self.only_nonfinite |= x.numel() > 0
+            return x  # an empty tensor, or one of infinities and NaNs only, has no range
         if self.clip is not None:
             seen = torch.clamp(seen, *self.clip)
         lo, hi = float(seen.min()), float(seen.max())
         self.min_val.fill_(min(lo, float(self.min_val)))
         self.max_val.fill_(max(hi, float(self.max_val)))
-        if self.histogram is not None and math.isfinite(lo) and math.isfinite(hi):
+        if self.histogram is not None:
             self.histogram(seen)
         return x
 
     def theta(self) -> Theta:
         """The codec's parameters for what was observed."""
         lo, hi = float(self.min_val), float(self.max_val)
-        if not math.isfinite(lo) and not math.isfinite(hi) and lo > hi:
-            lo = hi = 0.0  # nothing observed (empty tensors only): any scale codes it
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError(f"domain {self.label}: calibration produced a non-finite range [{lo}, {hi}]")
+        if lo > hi:  # no finite value observed
+            if self.only_nonfinite:
+                raise ValueError(f"domain {self.label}: {NO_FINITE_RANGE}")
+            lo = hi = 0.0  # empty tensors only: any scale codes it
         if self.histogram is not None and self.histogram.histogram.sum() > 0:
             scale, zero_point = self.histogram.calculate_qparams()
             s, z = float(scale), int(zero_point)

@@ -253,32 +253,60 @@ def decomposed_for(program: ExportedProgram, partitioner: Partitioner) -> Any:
 def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy: str) -> Row | None:
     """A row for an operator the table has no integer variant of, from how Arm's
     quantizer annotates it: the ports it quantizes are encoded, constants it
-    quantizes are weights (their qspecs stay Arm's), and an output whose qspec is
-    shared with an input shares that input's domain."""
+    quantizes are weights (their qspecs stay Arm's), and ports whose qspecs are
+    shared with one another form one block (where's `other` shares `self`'s and
+    the output's: the SELECT picks codes of one domain)."""
+    node = graph.fx_op_node[op]
     by_node = {graph.fx_value_node[graph.in_value[p]]: p for p in graph.op_in[op]}
     encoded: list[str] = []
     weights: list[str] = []
+    qspecs: dict[str, Any] = {}
     for arg, qspec in ann.input_qspec_map.items():
         p = by_node.get(arg)
         if p is None or qspec is None:
             continue
         name = graph.in_arg[p]
         encoded.append(name)
+        qspecs[name] = qspec
         if graph.val_kind[graph.in_value[p]] == CONSTANT:
             weights.append(name)
-    blocks: list[tuple[str, ...]] = []
     if ann.output_qspec is not None:
         encoded.append(OUT)
-        shared = ann.output_qspec
-        if isinstance(shared, SharedQuantizationSpec):
-            src = shared.edge_or_node[0] if isinstance(shared.edge_or_node, tuple) else shared.edge_or_node
-            p = by_node.get(src)
-            if p is not None and graph.in_arg[p] in encoded and graph.in_arg[p] not in weights:
-                blocks.append((graph.in_arg[p], OUT))
+        qspecs[OUT] = ann.output_qspec
     if not encoded:
         return None
-    return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), tuple(blocks),
-               tuple(dict.fromkeys(weights)))
+
+    def port(source: Any) -> Any:
+        """What a SharedQuantizationSpec's source names: a port of this operator
+        (an input's node, an edge into it, this operator's own output), or else the
+        source itself (Arm's annotation propagates sharing from further upstream)."""
+        if isinstance(source, tuple) and source[1] is node and source[0] in by_node:
+            source = source[0]
+        if source is node:
+            return OUT
+        p = by_node.get(source) if isinstance(source, torch.fx.Node) else None
+        return graph.in_arg[p] if p is not None else source
+
+    group: dict[Any, Any] = {name: name for name in encoded}
+
+    def root(key: Any) -> Any:
+        group.setdefault(key, key)
+        while group[key] != key:
+            key = group[key]
+        return key
+
+    for name, qspec in qspecs.items():
+        if isinstance(qspec, SharedQuantizationSpec):
+            group[root(name)] = root(port(qspec.edge_or_node))
+    members: dict[Any, list[str]] = {}
+    for name in dict.fromkeys(encoded):
+        members.setdefault(root(name), []).append(name)
+    blocks = tuple(tuple(m) for m in members.values() if len(m) > 1)
+    # a constant that other ports share codes with is coded as they are (masked_fill's
+    # fill value, a `full`, is where's `self`), not as a weight of its own
+    shared = {name for b in blocks for name in b}
+    return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), blocks,
+               tuple(w for w in dict.fromkeys(weights) if w not in shared))
 
 
 def _constants_typed(model: torch.fx.GraphModule) -> None:

@@ -142,15 +142,13 @@ def ambiguous_codes(node: str, x: torch.Tensor, codes: torch.Tensor, bound: floa
     # the margin in steps, plus the ulp of t the product rounds to
     margin = bound * inv_scale * (1 + 2 ** -20) + t.abs() * ULP
     near = torch.nonzero(distance <= margin).reshape(-1)
-    flat = codes.reshape(-1)
-    found = []
-    for i in near.tolist():
-        code = int(flat[i])
-        step = 1 if float(t[i]) >= float(nearest[i]) else -1
-        alternative = min(max(code + step, qmin), qmax)
-        if alternative != code:
-            found.append(AmbiguousCode(node, i, code, alternative, float(distance[i]), float(margin[i])))
-    return found
+    code = codes.reshape(-1)[near].to(torch.int64)
+    step = torch.where(t[near] >= nearest[near], 1, -1)
+    alternative = torch.clamp(code + step, qmin, qmax)
+    moves = alternative != code  # a code at a bound has no other side
+    rows = zip(near[moves].tolist(), code[moves].tolist(), alternative[moves].tolist(),
+               distance[near][moves].tolist(), margin[near][moves].tolist())
+    return [AmbiguousCode(node, i, c, a, d, m) for i, c, a, d, m in rows]
 
 
 __all__ = ["AmbiguousCode", "EXACT_OPERATORS", "FP32_EPS", "ambiguous_codes", "error_bound",

@@ -273,7 +273,7 @@ def test_failed_compile_leaves_no_artefact(files, capsys) -> None:
     rc, err = cli(capsys, "compile", f"{files['model']}:build_overflow", "-o", str(out))
     # the domain, its dominator and the FX node where the inf was observed
     one_line_error(rc, err, "codec-tosa compile: error: domain 0 (dominator encode(aten_mul_tensor_1), "
-                   "node aten_mul_tensor_1): calibration produced a non-finite range")
+                   "node aten_mul_tensor_1): calibration produced no finite value, only infinities or NaNs")
     assert not out.exists()
     assert not list(files["dir"].glob(".codec-tosa-*"))  # the temporary directory is gone
 
@@ -307,14 +307,24 @@ def test_bad_calibration_inputs(calibration, reason) -> None:
     assert reason in str(info.value)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_calibration_names_domain_and_node(bad: float) -> None:
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_are_left_out_of_the_range(bad: float) -> None:
+    # an INT8 code cannot hold them: atanh at +-1 in a calibration set must not cost the domain its scale
     ep, graph, plan, x = _planned()
     y = x[0].clone()
     y[0, 1, 2, 3] = bad
+    finite = y.clone()
+    finite[0, 1, 2, 3] = 0.0  # inside the range the rest spans
+    assert learn_thetas(ep, graph, plan, [x, (y,)]) == learn_thetas(ep, graph, plan, [x, (finite,)])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_domain_with_no_finite_value_names_domain_and_node(bad: float) -> None:
+    ep, graph, plan, x = _planned()
+    y = torch.full_like(x[0], bad)
     with pytest.raises(CalibrationError, match=r"domain \d+ \(dominator encode\(x\), node x\): calibration "
-                                               r"produced a non-finite range"):
-        learn_thetas(ep, graph, plan, [x, (y,)])
+                                               r"produced no finite value"):
+        learn_thetas(ep, graph, plan, [(y,)])
     # through the product path too: the partitioner raises it, nothing is lowered
     m, _ = small()
     with pytest.raises(CalibrationError, match="node x"):

@@ -198,3 +198,13 @@ def test_a_cpu_fed_delegate_is_compared_through_the_recorded_calls(tmp_path) -> 
     assert len(v.delegates) == 2 and all(d.reason is None for d in v.delegates), "\n".join(v.lines())
     assert all(d.max_abs and all(m == 0.0 for m in d.max_abs) for d in v.delegates), "\n".join(v.lines())
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+
+
+def test_an_infinity_the_approximation_misses_is_named_not_a_domain_error() -> None:
+    # logit(0) = -inf: an INT8 output saturates; the SQNR is -inf and the warning says why
+    eager = np.array([-np.inf, 0.5, 1.0])
+    saturated = np.array([-2.0, 0.5, 1.0])
+    assert sqnr_db(eager, saturated) == -np.inf
+    assert sqnr_db(eager, eager.copy()) == np.inf  # inf agrees with itself
+    (w,) = sqnr_warnings([InputSet("example", [], [eager], [saturated])])
+    assert "infinities or NaNs" in w and "cannot hold them" in w

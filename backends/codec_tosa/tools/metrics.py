@@ -45,13 +45,20 @@ def sqnr_db(signal: np.ndarray, approx: np.ndarray) -> float:
     x = np.asarray(signal).astype(np.float64)
     noise = float(np.sum(differences(x, approx) ** 2))
     power = float(np.sum(np.where(np.isfinite(x), x, 0.0) ** 2))
-    return math.inf if noise == 0 else 10 * math.log10(max(power, 1e-30) / noise)
+    if noise == 0:
+        return math.inf
+    if math.isinf(noise):
+        return -math.inf  # an infinity or NaN that the approximation does not reproduce
+    return 10 * math.log10(max(power, 1e-30) / noise)
 
 
 def sqnr_warning(index: int, db: float, what: str) -> str | None:
     """The warning for output `index` when its SQNR is below the floor, else None."""
     if db >= SQNR_FLOOR_DB:
         return None
+    if db == -math.inf:
+        return (f"output {index}: FP32 eager has infinities or NaNs that {what} does not reproduce: "
+                "an INT8 code cannot hold them (quantize saturates an infinity at a code bound)")
     return (f"output {index}: SQNR of {what} vs FP32 eager is {db:.1f} dB, below the {SQNR_FLOOR_DB:.0f} dB "
             "floor: the output is mostly quantisation noise (a degenerate range or calibration?)")
 
