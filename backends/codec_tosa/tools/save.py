@@ -41,7 +41,10 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
 
     pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
     info = inspect_pte(pte)
-    cases = [tuple(c) for c in inputs] if inputs else inputs_for_specs(info.input_specs, 1 + samples)
+    if inputs:
+        cases = [tuple(c) for c in inputs]
+    else:  # drawn per program input, then nested as the model takes them
+        cases = [_nested(c, _in_spec(source)) for c in inputs_for_specs(info.input_specs, 1 + samples)]
     if isinstance(source, CodecQuantizer):
         spec = source.spec
         quantized = torch.export.export(source.converted(), cases[0])
@@ -64,6 +67,25 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     report = build_report("python", spec, pte, planned, {}, {}, ref)
     write_artefacts(path, pte, ref.io, report, _delegate_tosa(pte))
     return Path(path) / "model.pte"
+
+
+def _in_spec(source: Any) -> Any:
+    """The pytree spec of the model's (args, kwargs), as torch.export recorded it, or None."""
+    from codec_tosa.quantizer import CodecQuantizer
+
+    if isinstance(source, CodecQuantizer):
+        return getattr(source.fp32_module(), "_in_spec", None)
+    planned = getattr(source, "planned", None)
+    program = getattr(planned, "program", None)
+    return program.call_spec.in_spec if program is not None else None
+
+
+def _nested(flat: Sequence[torch.Tensor], in_spec: Any) -> tuple[Any, ...]:
+    """Flat program inputs as the model's positional arguments (an LSTM's (x, (h0, c0)))."""
+    if in_spec is None or in_spec.num_leaves != len(flat):
+        return tuple(flat)
+    args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), in_spec)
+    return tuple(args) if not kwargs else tuple(flat)
 
 
 def _delegate_tosa(pte: bytes) -> dict[str, bytes]:
