@@ -1,4 +1,4 @@
-"""Compile time per stage against stock Arm INT8, and validate's verdict (issues 22 and 27).
+"""Arm's model tests end to end: compile time per stage and the artefact, ours beside stock Arm INT8 (issues 22 and 27).
 
 For each model (executorch's Arm model tests that need no download, built as
 those tests build them, random weights) and each policy, one child process:
@@ -9,15 +9,19 @@ those tests build them, random weights) and each policy, one child process:
 * stock: Arm's documented INT8 flow on the same module and example: export,
   `TOSAQuantizer` with `get_symmetric_quantization_config()`, prepare_pt2e, 4
   calibration inputs, convert_pt2e, export, `to_edge_transform_and_lower` with
-  `TOSAPartitioner(TOSA-1.0+INT)`, `to_executorch`.
+  `TOSAPartitioner(TOSA-1.0+INT)`, `to_executorch`;
+* both artefacts: delegates, compute operators left on the CPU, TOSA
+  operators, fused traffic (`tosa_stats`), and the worst SQNR against FP32
+  eager over 4 held-out inputs, each run in ExecuTorch's runtime (stock's
+  TOSABackend payload relabelled: it is the same TOSA flatbuffer).
 
-It prints one row per (model, policy): seconds per stage, ours/stock, the
-reference stage's share of compile, validate's verdict, and writes
-`benchmarks/compile_time.json`. The goals (issue 27): ours at most 2x stock,
+It prints two tables, compile seconds per stage (ours/stock, the reference
+stage's share) and the artefacts side by side, and writes
+`benchmarks/arm_models.json`. The goals (issue 27): ours at most 2x stock,
 the reference stage at most 25% of compile.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py --models lstm mobile_block --policies I
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/arm_models.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/arm_models.py --models lstm mobile_block --policies I
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = ROOT / "benchmarks" / "compile_time.json"
+DEFAULT_JSON = ROOT / "benchmarks" / "arm_models.json"
 POLICIES = ("W", "I")
 CALIBRATION = 4
+HELD_OUT = 4  # inputs each artefact runs on, against eager
+_IO_KERNELS = {"quantized_decomposed::quantize_per_tensor", "quantized_decomposed::dequantize_per_tensor"}
 
 
 # ---------------------------------------------------------------- the models
@@ -102,13 +108,15 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "mobilenet_v2": _builtin("mobilenet_v2"),
     "mobilenet_v3_small": _mobilenet_v3,
     "deit_tiny": _deit_tiny,
+    "inception_v3": _builtin("inception_v3"),
 }
 
 
 # ---------------------------------------------------------------- one model
 
 
-def stock_int8(module: torch.nn.Module, example: tuple[Any, ...]) -> dict[str, float]:
+def stock_int8(module: torch.nn.Module, example: tuple[Any, ...],
+               held_out: list[tuple[Any, ...]]) -> dict[str, Any]:
     """Arm's documented INT8 flow, timed: quantize (export + PT2E) and lower."""
     from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
     from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
@@ -127,12 +135,54 @@ def stock_int8(module: torch.nn.Module, example: tuple[Any, ...]) -> dict[str, f
         prepared(*batch)
     quantized = torch.export.export(convert_pt2e(prepared), example)
     t1 = time.perf_counter()
-    to_edge_transform_and_lower(quantized, partitioner=[TOSAPartitioner(spec)]).to_executorch()
+    pte = bytes(to_edge_transform_and_lower(quantized, partitioner=[TOSAPartitioner(spec)]).to_executorch().buffer)
     t2 = time.perf_counter()
-    return {"quantize_s": t1 - t0, "lower_s": t2 - t1, "total_s": t2 - t0}
+    return {"quantize_s": t1 - t0, "lower_s": t2 - t1, "total_s": t2 - t0, **artefact(pte, module, held_out)}
 
 
-def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: str) -> dict[str, Any]:
+def held_out_inputs(example: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    from codec_tosa.calibration import random_calibration
+
+    return random_calibration(example, HELD_OUT, seed=7)  # not the calibration's seed
+
+
+def artefact(pte: bytes, module: torch.nn.Module, held_out: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """What a .pte delegates and leaves on the CPU, its TOSA, and its worst SQNR
+    against eager over `held_out`, run in ExecuTorch's runtime."""
+    from codec_tosa.pytrees import leaves, tensor_leaves
+    from codec_tosa.runtime.executorch_runner import run_pte
+    from codec_tosa.runtime.pte import inspect_pte
+    from codec_tosa.tools.metrics import sqnr_db
+    from codec_tosa.tools.report import program_delegates
+
+    info = inspect_pte(pte)
+    total = program_delegates(pte).total()
+    runnable = _runnable(pte)
+    worst = float("inf")
+    for x in held_out:
+        with torch.no_grad():
+            eager = tensor_leaves(module(*x))
+        outs = run_pte(runnable, [t for t in leaves(x) if isinstance(t, torch.Tensor)])
+        for e, o in zip(eager, outs):
+            if e.is_floating_point():
+                worst = min(worst, sqnr_db(e.float().numpy(), o.float().numpy().reshape(e.shape)))
+    return {"delegates": len(info.delegate_ids),
+            "cpu_ops": sorted({op for op in info.operators if op not in _IO_KERNELS}),
+            "tosa_ops": total.operators, "fused_traffic_bytes": total.fused_traffic_bytes,
+            "sqnr_db": worst}
+
+
+def _runnable(pte: bytes) -> bytes:
+    """Arm's TOSABackend payload is a TOSA flatbuffer: relabelled, the runtime here runs it."""
+    from codec_tosa.backend import BACKEND_ID
+    from codec_tosa.runtime.pte import delegates, with_delegates_replaced
+
+    return with_delegates_replaced(pte, {i: (BACKEND_ID, d.payload) for i, d in enumerate(delegates(pte))
+                                         if d.backend_id == "TOSABackend"})
+
+
+def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: str,
+         held_out: list[tuple[Any, ...]]) -> dict[str, Any]:
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.cli import error_line
     from codec_tosa.tools.compiler import compile_module
@@ -151,21 +201,23 @@ def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: s
             verdict = validate(result.pte).verdict.value
         except Exception as e:  # noqa: BLE001
             verdict = f"validate: {error_line(e)}"
+        built = artefact(Path(result.pte).read_bytes(), module, held_out)
     return {"total_s": total, **{k: float(v) for k, v in times.items()}, "ambiguous_codes": ambiguous,
-            "verdict": verdict}
+            "verdict": verdict, **built}
 
 
 def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
     torch.set_num_threads(1)
     module, example = MODELS[name]()
+    held_out = held_out_inputs(tuple(example))
     row: dict[str, Any] = {"model": name}
     try:
-        row["stock"] = stock_int8(module, tuple(example))
+        row["stock"] = stock_int8(module, tuple(example), held_out)
     except Exception as e:  # noqa: BLE001 - stock fails on some models too
         row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     module, example = MODELS[name]()  # a fresh module: PT2E's export may leave state behind
     for policy in policies:
-        row[policy] = ours(name, module, tuple(example), policy)
+        row[policy] = ours(name, module, tuple(example), policy, held_out)
     return row
 
 
@@ -201,6 +253,22 @@ def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def artefacts_table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    """The artefacts side by side: stock INT8, then ours per policy."""
+    head = (f"{'model':<18} {'flow':<9} {'deleg':>5} {'CPU ops':>7} {'TOSA ops':>8} {'fused KiB':>9} "
+            f"{'compile s':>9} {'SQNR dB':>7}  CPU operators")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for flow, o in [("stock", r.get("stock", {})), *((p, r.get(p, {})) for p in policies)]:
+            if "error" in o or "delegates" not in o:
+                lines.append(f"{r['model']:<18} {flow:<9} {o.get('error', r.get('error', '-'))}")
+                continue
+            lines.append(f"{r['model']:<18} {flow:<9} {o['delegates']:5d} {len(o['cpu_ops']):7d} "
+                         f"{o['tosa_ops']:8d} {o['fused_traffic_bytes'] / 1024:9.1f} {o['total_s']:9.1f} "
+                         f"{o['sqnr_db']:7.1f}  {', '.join(o['cpu_ops'])[:60]}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -222,10 +290,12 @@ def main() -> int:
             proc.kill()
         rows.append(row)
         print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
-        args.json.write_text(json.dumps({"command": "python benchmarks/compile_time.py " + " ".join(sys.argv[1:]),
+        args.json.write_text(json.dumps({"command": "python benchmarks/arm_models.py " + " ".join(sys.argv[1:]),
                                          "rows": rows}, indent=1) + "\n")
     print()
     print(table(rows, policies))
+    print()
+    print(artefacts_table(rows, policies))
     return 0
 
 
