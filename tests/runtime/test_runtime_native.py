@@ -454,3 +454,30 @@ def test_backend_loaded_before_reference_model_in_one_process(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "SAME" in result.stdout
+
+
+class _Unshuffle(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.pixel_unshuffle(x, 2) * 2.0
+
+
+@pytest.mark.parametrize("policy", ["W", "I"])
+def test_a_channels_last_input_runs_in_its_layout(policy: str, tmp_path: Path) -> None:
+    # Arm keeps a channels-last input NHWC in the TOSA graph; the runtime takes the
+    # tensor's bytes as they lie (they are NHWC), and the runner hands a contiguous
+    # tensor over in the layout the program declares (Arm's pixel_unshuffle test)
+    from codec_tosa.spec import CodecSpec
+    from codec_tosa.tools.compiler import compile_module
+    from codec_tosa.tools.validate import Verdict, validate
+
+    x = torch.rand(1, 4, 8, 6).to(memory_format=torch.channels_last)
+    result = compile_module("unshuffle", (_Unshuffle(), (x,)), CodecSpec(policy), tmp_path, progress=False,
+                            samples=2)
+    assert inspect_pte(Path(result.pte).read_bytes()).input_specs[0].channels_last
+    v = validate(result.pte)
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+    held_out = torch.rand(1, 4, 8, 6, generator=torch.Generator().manual_seed(3))
+    (out,) = run_pte(Path(result.pte).read_bytes(), [held_out])
+    want = _Unshuffle()(held_out)
+    assert out.shape == want.shape
+    torch.testing.assert_close(out.contiguous(), want, atol=2.0 / 127 * 2, rtol=0)

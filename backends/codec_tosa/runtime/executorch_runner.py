@@ -22,14 +22,14 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 import torch
 
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.runtime import native
-from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, delegates, inspect_pte
+from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, TensorSpec, delegates, inspect_pte
 from codec_tosa.serialization.tosa_stats import TensorInfo, entry_io_tensors
 
 __all__ = ["DelegateCall", "PteRunError", "run_pte", "run_pte_recorded"]
@@ -119,12 +119,22 @@ def _run(data: bytes, info: PteInfo, inputs: Sequence[torch.Tensor], method: str
     try:
         # Methods and their delegates are initialised lazily, so backend
         # init errors surface here as well as execution errors.
-        outputs = module.run_method(method, tuple(inputs))
+        outputs = module.run_method(method, tuple(_in_dim_order(x, spec) for x, spec in
+                                                  zip(inputs, info.input_specs or [None] * len(inputs))))
     except RuntimeError as exc:
         raise PteRunError(f"ExecuTorch could not run method {method!r}: {exc} ({context()})") from exc
     # Outputs can alias runtime-owned planned memory that the next run
     # overwrites; hand the caller its own copies.
     return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+
+
+def _in_dim_order(x: Any, spec: TensorSpec | None) -> Any:
+    """`x` laid out as the program's input declares it: the runtime reads a
+    channels-last input's bytes as channels-last, whatever the strides it is
+    handed (a contiguous tensor would be misread)."""
+    if isinstance(x, torch.Tensor) and spec is not None and spec.channels_last and x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 @dataclass(frozen=True)

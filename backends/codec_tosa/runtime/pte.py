@@ -46,6 +46,11 @@ class TensorSpec:
 
     shape: tuple[int, ...]
     dtype: str  # torch dtype name ("float32", "int64", ...), so this module needs no torch
+    dim_order: tuple[int, ...] = ()  # the memory order of its dimensions; () or 0, 1, ...: contiguous
+
+    @property
+    def channels_last(self) -> bool:
+        return self.dim_order == (0, 2, 3, 1)
 
 
 # executorch ScalarType names -> torch dtype names (the types a program input can have)
@@ -138,7 +143,8 @@ def _tensor_spec(val: Any) -> TensorSpec | None:
     if not isinstance(val, schema.Tensor):
         return None
     name = getattr(val.scalar_type, "name", str(val.scalar_type))
-    return TensorSpec(tuple(int(d) for d in val.sizes), _SCALAR_TYPES.get(name, name.lower()))
+    return TensorSpec(tuple(int(d) for d in val.sizes), _SCALAR_TYPES.get(name, name.lower()),
+                      tuple(int(d) for d in (val.dim_order or ())))
 
 
 def read_pte(path: str | Path) -> bytes:

@@ -69,9 +69,11 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-// The TOSA payload is produced for contiguous tensors at the delegate
-// boundary, so bytes copy straight through; anything else (another dtype, a
-// different shape, a non-default dim order) would be silently misread.
+// Bytes copy straight through the delegate boundary, so a tensor must hold
+// them in the TOSA graph's layout: the same dtype, and either the graph's shape
+// in contiguous dim order or, for a tensor in another dim order (a
+// channels-last input, which Arm's lowering keeps NHWC), sizes that read in
+// that order are the graph's shape. Anything else would be silently misread.
 bool check_tensor(
     const char* role, size_t index, const Tensor& tensor,
     const TensorSpec& spec) {
@@ -92,7 +94,12 @@ bool check_tensor(
   // (a cond's predicate, a full reduction); the bytes are the same.
   const bool scalar_as_one = tensor.dim() == 0 && spec.shape.size() == 1 && spec.shape[0] == 1;
   same_shape = same_shape || scalar_as_one;
-  if (!same_shape || tensor.nbytes() != spec.nbytes) {
+  const auto order = tensor.dim_order();
+  bool default_order = true;
+  for (size_t d = 0; d < order.size(); ++d) {
+    default_order = default_order && static_cast<size_t>(order[d]) == d;
+  }
+  if (default_order && (!same_shape || tensor.nbytes() != spec.nbytes)) {
     std::vector<int64_t> actual;
     for (ssize_t d = 0; d < tensor.dim(); ++d) {
       actual.push_back(tensor.size(d));
@@ -107,15 +114,34 @@ bool check_tensor(
     return false;
   }
   const auto dim_order = tensor.dim_order();
+  bool contiguous = true;
   for (size_t d = 0; d < dim_order.size(); ++d) {
-    if (static_cast<size_t>(dim_order[d]) != d) {
-      ET_LOG(
-          Error, "%s: %s %zu ('%s') is not in contiguous dim order",
-          kBackendId, role, index, spec.name.c_str());
-      return false;
-    }
+    contiguous = contiguous && static_cast<size_t>(dim_order[d]) == d;
   }
-  return true;
+  if (same_shape && contiguous) {
+    return true;
+  }
+  bool physical = static_cast<size_t>(tensor.dim()) == spec.shape.size() &&
+      tensor.nbytes() == spec.nbytes;
+  for (size_t d = 0; physical && d < spec.shape.size(); ++d) {
+    physical = tensor.size(static_cast<ssize_t>(dim_order[d])) == spec.shape[d];
+  }
+  if (physical) {
+    return true;  // its memory is the graph's layout
+  }
+  std::vector<int64_t> actual;
+  for (ssize_t d = 0; d < tensor.dim(); ++d) {
+    actual.push_back(tensor.size(d));
+  }
+  ET_LOG(
+      Error,
+      "%s: %s %zu ('%s') has shape %s (%zu bytes) in dim order %s, the TOSA "
+      "graph expects %s (%zu bytes)",
+      kBackendId, role, index, spec.name.c_str(), shape_string(actual).c_str(),
+      tensor.nbytes(),
+      shape_string(std::vector<int64_t>(dim_order.begin(), dim_order.end())).c_str(),
+      shape_string(spec.shape).c_str(), spec.nbytes);
+  return false;
 }
 
 // FNV-1a 64 of the processed payload, in hex: how a recorded call names its
