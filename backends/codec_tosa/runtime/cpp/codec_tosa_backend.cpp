@@ -69,6 +69,14 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
+std::vector<int64_t> sizes_of(const Tensor& tensor) {
+  std::vector<int64_t> sizes;
+  for (ssize_t d = 0; d < tensor.dim(); ++d) {
+    sizes.push_back(tensor.size(d));
+  }
+  return sizes;
+}
+
 // Bytes copy straight through the delegate boundary, so a tensor must hold
 // them in the TOSA graph's layout: the same dtype, and either the graph's shape
 // in contiguous dim order or, for a tensor in another dim order (a
@@ -100,16 +108,12 @@ bool check_tensor(
     default_order = default_order && static_cast<size_t>(order[d]) == d;
   }
   if (default_order && (!same_shape || tensor.nbytes() != spec.nbytes)) {
-    std::vector<int64_t> actual;
-    for (ssize_t d = 0; d < tensor.dim(); ++d) {
-      actual.push_back(tensor.size(d));
-    }
     ET_LOG(
         Error,
         "%s: %s %zu ('%s') has shape %s (%zu bytes), the TOSA graph expects "
         "%s (%zu bytes)",
         kBackendId, role, index, spec.name.c_str(),
-        shape_string(actual).c_str(), tensor.nbytes(),
+        shape_string(sizes_of(tensor)).c_str(), tensor.nbytes(),
         shape_string(spec.shape).c_str(), spec.nbytes);
     return false;
   }
@@ -129,15 +133,11 @@ bool check_tensor(
   if (physical) {
     return true;  // its memory is the graph's layout
   }
-  std::vector<int64_t> actual;
-  for (ssize_t d = 0; d < tensor.dim(); ++d) {
-    actual.push_back(tensor.size(d));
-  }
   ET_LOG(
       Error,
       "%s: %s %zu ('%s') has shape %s (%zu bytes) in dim order %s, the TOSA "
       "graph expects %s (%zu bytes)",
-      kBackendId, role, index, spec.name.c_str(), shape_string(actual).c_str(),
+      kBackendId, role, index, spec.name.c_str(), shape_string(sizes_of(tensor)).c_str(),
       tensor.nbytes(),
       shape_string(std::vector<int64_t>(dim_order.begin(), dim_order.end())).c_str(),
       shape_string(spec.shape).c_str(), spec.nbytes);
