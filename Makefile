@@ -52,10 +52,12 @@ fuzz: $(STAMP)
 
 # Arm's own operator tests as our robustness suite (tests/peer): every case at W
 # and I against the stock verdicts in tests/peer/stock_baseline.json (hours;
-# PEER_ARGS="--per-operator 1" for one case per operator, about an hour)
+# PEER_ARGS="--per-operator 1" for one case per operator, about an hour); then
+# Arm's model tests beside stock (benchmarks/arm_models.py, about 40 minutes)
 PEER_ARGS ?= --all
 peer: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/peer.py $(PEER_ARGS)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/arm_models.py
 
 demo: $(STAMP)
 	$(VENV)/bin/codec-tosa demo
