@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(Vela), with model.tosa beside the .pte; needs --policy I; xnnpack: ExecuTorch's "
                         "XnnpackBackend for CPUs (--policy I; validate holds it to eager by SQNR)")
     c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,
-                   help="seeded held-out inputs stored with their eager and simulated outputs for validate")
+                   help="seeded held-out inputs stored with their eager and simulated outputs for validate "
+                        "(0: no simulation; validate then compares with eager by SQNR only)")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 
