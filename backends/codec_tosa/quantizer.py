@@ -117,6 +117,7 @@ class CodecQuantizer(Quantizer):
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         _constants_typed(model)
+        _constants_detached(model)
         fp32 = copy.deepcopy(model)
         arm = self._target.annotations(model)  # Arm's quantizer's; none for XNNPACK
         graph = PortGraph.from_fx(model)
@@ -327,6 +328,19 @@ def _constants_typed(model: torch.fx.GraphModule) -> None:
         if isinstance(value, torch.Tensor):
             mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
             node.meta["val"] = mode.from_tensor(value)
+
+
+def _constants_detached(model: torch.fx.GraphModule) -> None:
+    """Detach the constant tensors Arm's annotation transforms computed from
+    parameters with autograd on (DeiT-tiny's attention): a tensor with a grad_fn
+    cannot be deep-copied, and a constant needs no gradient."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                setattr(module, name, value.detach())
+        for name, value in list(module._buffers.items()):
+            if value is not None and value.grad_fn is not None:
+                module._buffers[name] = value.detach()
 
 
 def _key(edge_or_node: EdgeOrNode) -> _Key:
