@@ -269,14 +269,45 @@ def artefacts_table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> st
     return "\n".join(lines)
 
 
+def markdown(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    """Both tables as Markdown, for RESULTS.md."""
+    out = ["| model | policy | stock s | ours s | ours / stock | export | placement + lowering | serialisation "
+           "| reference | reference share | ambiguous codes | validate |", "|" + "---|" * 12]
+    arts = ["| model | flow | delegates | CPU operators | TOSA operators | fused traffic KiB | compile s "
+            "| worst SQNR vs eager (dB) |", "|" + "---|" * 8]
+    for r in rows:
+        stock = r.get("stock", {})
+        for p in policies:
+            o = r.get(p, {})
+            if "error" in o or "error" in r:
+                out.append(f"| {r['model']} | {p} | {stock.get('total_s', 0):.1f} | - | - | - | - | - | - | - | - "
+                           f"| {o.get('error', r.get('error'))} |")
+                continue
+            out.append(f"| {r['model']} | {p} | {stock['total_s']:.1f} | {o['total_s']:.1f} "
+                       f"| {o['total_s'] / stock['total_s']:.2f} | {o['export_s']:.1f} | {o['lowering_s']:.1f} "
+                       f"| {o['serialisation_s']:.1f} | {o['reference_s']:.1f} "
+                       f"| {100 * o['reference_s'] / o['total_s']:.0f}% | {o['ambiguous_codes']} | {o['verdict']} |")
+        for flow, o in [("stock INT8", stock), *((p, r.get(p, {})) for p in policies)]:
+            if "delegates" not in o:
+                continue
+            cpu = ", ".join(o["cpu_ops"]) or "0"
+            arts.append(f"| {r['model']} | {flow} | {o['delegates']} | {cpu} | {o['tosa_ops']} "
+                        f"| {o['fused_traffic_bytes'] / 1024:.1f} | {o['total_s']:.1f} | {o['sqnr_db']:.1f} |")
+    return "\n".join(out) + "\n\n" + "\n".join(arts)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--markdown", action="store_true", help="only print the JSON's tables as Markdown")
     args = p.parse_args()
     policies = tuple(args.policies)
+    if args.markdown:
+        print(markdown(json.loads(args.json.read_text())["rows"], policies))
+        return 0
     rows = []
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
     for name in args.models:
