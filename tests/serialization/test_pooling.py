@@ -309,10 +309,13 @@ def test_a_lowered_serializer_is_freed(conv_fp: Lowered) -> None:
 
 
 @pytest.mark.slow
-def test_inception_v3_fp_loses_over_a_third_of_its_operators() -> None:
+def test_unet_fp_loses_over_a_third_of_its_operators() -> None:
+    # U-Net at 256x256 (the paper model's weights and graph, a quarter of the
+    # pixels): 291 -> 184 operators, as InceptionV3 550 -> 344 (RESULTS.md), in a
+    # fifth of the time
     from codec_tosa_examples.models import load_model
 
-    model, inputs = load_model("inception_v3")
+    model, inputs = load_model("unet_256")
     lowered = lower_both(model, inputs, "TOSA-1.0+FP")
     before, after = lowered.before, lowered.after
     assert after.operators <= 0.65 * before.operators

@@ -122,3 +122,17 @@ class Cond(nn.Module):
 def cond():
     torch.manual_seed(0)
     return Cond().eval(), (torch.randn(1, 4, 4),)
+
+
+class NestedCell(nn.Module):
+    """A recurrent cell's shape of program: (x, (h, c)) in, {"logits", "state": (h, c)} out."""
+    def __init__(self):
+        super().__init__(); self.fc = nn.Linear(8, 16); self.out = nn.Linear(16, 4)
+    def forward(self, x, state):
+        h, c = state
+        y = torch.relu(self.fc(x) + h)
+        return {"logits": self.out(y), "state": (y, c + y)}
+
+def nested_cell():
+    torch.manual_seed(0)
+    return NestedCell().eval(), (torch.randn(1, 8), (torch.zeros(1, 16), torch.zeros(1, 16)))
