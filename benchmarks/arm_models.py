@@ -173,12 +173,12 @@ def artefact(pte: bytes, module: torch.nn.Module, held_out: list[tuple[Any, ...]
 
 
 def _runnable(pte: bytes) -> bytes:
-    """Arm's TOSABackend payload is a TOSA flatbuffer: relabelled, the runtime here runs it."""
-    from codec_tosa.backend import BACKEND_ID
-    from codec_tosa.runtime.pte import delegates, with_delegates_replaced
+    """The program as the runtime here runs it (stock's TOSABackend payload relabelled),
+    as the accuracy benchmark runs its artefacts."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from accuracy import runnable
 
-    return with_delegates_replaced(pte, {i: (BACKEND_ID, d.payload) for i, d in enumerate(delegates(pte))
-                                         if d.backend_id == "TOSABackend"})
+    return runnable(pte)
 
 
 def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: str,

@@ -131,15 +131,18 @@ class _RangeObserver(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
-        seen = finite_values(out) if n.name in self.watch and isinstance(out, torch.Tensor) else None
-        if seen is None and n.name in self.watch and isinstance(out, torch.Tensor) and out.numel():
-            self.only_nonfinite.add(n.name)
-        if seen is not None:
-            lo, hi = float(seen.min()), float(seen.max())
-            self.lo[n.name] = min(lo, self.lo.get(n.name, math.inf))
-            self.hi[n.name] = max(hi, self.hi.get(n.name, -math.inf))
-            for d in self.watch[n.name] if self.histograms else ():
-                self.histograms[d](seen)
+        if n.name not in self.watch or not isinstance(out, torch.Tensor):
+            return out
+        seen = finite_values(out)
+        if seen is None:
+            if out.numel():
+                self.only_nonfinite.add(n.name)
+            return out
+        lo, hi = float(seen.min()), float(seen.max())
+        self.lo[n.name] = min(lo, self.lo.get(n.name, math.inf))
+        self.hi[n.name] = max(hi, self.hi.get(n.name, -math.inf))
+        for d in self.watch[n.name] if self.histograms else ():
+            self.histograms[d](seen)
         return out
 
     def histogram_range(self, d: int) -> tuple[float, float] | None:

@@ -303,8 +303,8 @@ def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy:
     for name in dict.fromkeys(encoded):
         members.setdefault(root(name), []).append(name)
     blocks = tuple(tuple(m) for m in members.values() if len(m) > 1)
-    # a constant that other ports share codes with is coded as they are (masked_fill's
-    # fill value, a `full`, is where's `self`), not as a weight of its own
+    # a constant that other ports share codes with (a `full` as where's `self`) is
+    # coded as they are, not as a weight of its own
     shared = {name for b in blocks for name in b}
     return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), blocks,
                tuple(w for w in dict.fromkeys(weights) if w not in shared))

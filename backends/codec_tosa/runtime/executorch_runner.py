@@ -129,12 +129,14 @@ def _run(data: bytes, info: PteInfo, inputs: Sequence[torch.Tensor], method: str
 
 
 def _in_dim_order(x: Any, spec: TensorSpec | None) -> Any:
-    """`x` laid out as the program's input declares it: the runtime reads a
-    channels-last input's bytes as channels-last, whatever the strides it is
-    handed (a contiguous tensor would be misread)."""
-    if isinstance(x, torch.Tensor) and spec is not None and spec.channels_last and x.dim() == 4:
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
+    """`x` laid out in the dim order the program's input declares: the runtime
+    reads a channels-last input's bytes as channels-last, whatever the strides
+    it is handed (a contiguous tensor would be misread)."""
+    order = spec.dim_order if spec is not None else ()
+    if not isinstance(x, torch.Tensor) or len(order) != x.dim() or order == tuple(range(x.dim())):
+        return x
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return x.permute(order).contiguous().permute(inverse)  # same values, memory in `order`
 
 
 @dataclass(frozen=True)

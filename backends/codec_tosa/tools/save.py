@@ -44,7 +44,8 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     if inputs:
         cases = [tuple(c) for c in inputs]
     else:  # drawn per program input, then nested as the model takes them
-        cases = [_nested(c, _in_spec(source)) for c in inputs_for_specs(info.input_specs, 1 + samples)]
+        in_spec = _in_spec(source)
+        cases = [_nested(c, in_spec) for c in inputs_for_specs(info.input_specs, 1 + samples)]
     if isinstance(source, CodecQuantizer):
         spec = source.spec
         quantized = torch.export.export(source.converted(), cases[0])
