@@ -61,20 +61,22 @@ def test_relu6_at_v_stays_on_codes(lowered):
     _matches_simulation(low, small_models.conv_relu6_conv()[1])
 
 
-def test_conv_relu6_domain_is_calibrated_after_the_relu6(lowered):
-    """conv -> relu6 -> conv at V: the conv's output domain learns its theta on
-    the relu6's output (zero point at the code minimum, scale from its maximum),
-    not on the conv's, whose negative half the relu6 drops; the artefact still
-    equals the simulation."""
+@pytest.mark.parametrize("policy", ["V", "W"])
+def test_conv_relu6_domain_is_calibrated_after_the_relu6(lowered, policy):
+    """conv -> relu6 -> conv: the conv's output domain learns its theta on the
+    relu6's output (zero point at the code minimum, scale from its maximum),
+    not on the conv's, whose negative half the relu6 drops: at V the relu6
+    runs on its codes (a CLAMP), at W on their decode in FP32; the artefact
+    still equals the simulation."""
     import torch
 
     model, x = small_models.conv_relu6_conv()
-    low = lowered("conv_relu6_conv", "V")
+    low = lowered("conv_relu6_conv", policy)
     plan = low.planned.placement.plan
     graph = low.planned.graph
     relu6 = next(o for o in range(graph.num_ops) if graph.op_target[o] == "aten.hardtanh.default")
     out = graph.op_out[relu6][0]
-    d = plan.value_domain[out]
+    d = plan.value_domain[graph.in_value[graph.op_in[relu6][0]]]  # the conv's output domain
     assert d >= 0 and plan.domains[d].observe == out
     with torch.no_grad():
         pre = [model.a(*c) for c in small_models.calibration(x)]

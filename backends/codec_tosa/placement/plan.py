@@ -112,20 +112,24 @@ def make_plan(graph: PortGraph, sem: Semantics, sets: DomainSets, labels: bool =
 def _observed_after_clamps(graph: PortGraph, d: int, x: int, in_domain: list[int],
                            value_domain: list[int]) -> int:
     """Where domain `d` learns its theta from the tensor `x` at a dominator: past
-    relu/relu6/clamp operators (on codes, in `d`) that are its only reader.
+    relu/relu6/clamp operators that are its only reader, on codes in `d` or
+    on `x` decoded (a policy below V runs the clamp in floating point).
 
     Every tensor of `d` reaches its readers through that clamp, and a
     saturating encode is monotone, so it commutes with the clamp: encoding at
-    the clamp's output range gives the same codes after the clamp as before,
-    and does not spend half the code range on the negative values a relu
-    drops (which is where Arm's quantizer puts a conv+relu's scale too)."""
+    the clamp's output range gives the same codes after the clamp as before
+    (or, decoded, the same floats once clamped), and does not spend half the
+    code range on the negative values a relu drops (which is where Arm's
+    quantizer puts a conv+relu's scale too)."""
     while len(graph.val_uses[x]) == 1:
         u = graph.val_uses[x][0]
         op = graph.in_op[u]
-        if op < 0 or graph.op_target[op] not in CLAMPING_TARGETS or in_domain[u] != d:
+        if op < 0 or graph.op_target[op] not in CLAMPING_TARGETS:
             break
         outs = graph.op_out[op]
-        if len(outs) != 1 or value_domain[outs[0]] != d:
+        on_codes = in_domain[u] == d and value_domain[outs[0]] == d
+        decoded = in_domain[u] == -1 and value_domain[x] == d
+        if len(outs) != 1 or not (on_codes or decoded):
             break
         x = outs[0]
     return x
