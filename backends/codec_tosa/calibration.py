@@ -200,7 +200,8 @@ def learn_thetas(
                 f"{NO_FINITE_RANGE}")
         lo = min((ranges.lo[n] for n in seen), default=0.0)
         hi = max((ranges.hi[n] for n in seen), default=0.0)
-        clipped = ranges.histogram_range(d.id)
+        # a constant domain (all zeros) has no spread to clip; its codec picks the scale
+        clipped = ranges.histogram_range(d.id) if lo < hi else None
         thetas[d.id] = codec.learn(*(clipped or (lo, hi)))
     return thetas
 

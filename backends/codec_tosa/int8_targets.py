@@ -20,11 +20,9 @@ answers:
   FuseQuantizedActivationPass drops the relu and moves the quantize's qmin up
   to the zero point, but the producer's RESCALE saturates at the int8 range,
   not at qmin: with zero point 0 the relu is lost (a trained ResNet-8 at 10%
-  top-1), with -128 the saturation is the relu;
-* `near_symmetric_zero_points`: whether a nearly symmetric range gets zero
-  point 0 (`codecs.int8.NEAR_SYMMETRIC`): in TOSA a zero point costs a RESCALE
-  per encode and decode; XNNPACK's kernels take any zero point at no cost, so
-  there the snap would only coarsen the step (1.5 dB of SQNR on ResNet-8).
+  top-1), with -128 the saturation is the relu.
+
+Every target keeps the zero points the ranges ask for (`DomainObserver`).
 
 `ArmTarget` asks Arm's quantizer (TOSA-1.0+INT, Ethos-U); `XnnpackTarget`
 reads the commutation table's ``xnnpack`` kernels (`Row.int8_kernels`).
@@ -61,7 +59,6 @@ class Int8Target:
     name = ""
     bias_codes = True
     fold_needs_lowest_zero_point = True
-    near_symmetric_zero_points = True
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         raise NotImplementedError
@@ -142,7 +139,6 @@ class XnnpackTarget(Int8Target):
     name = XNNPACK
     bias_codes = False
     fold_needs_lowest_zero_point = False  # XNNPACK clamps a fused activation at its bounds' codes
-    near_symmetric_zero_points = False
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import _convert_scalars_to_attrs

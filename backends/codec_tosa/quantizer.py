@@ -436,8 +436,7 @@ class _Annotator:
         symmetric = self.spec.symmetric_activations and not (
             self.target.fold_needs_lowest_zero_point and d in self.fused_domains)
         observer = DomainObserver.with_args(
-            observer=self.spec.observer, symmetric=symmetric,
-            near_symmetric=self.target.near_symmetric_zero_points, clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
+            observer=self.spec.observer, symmetric=symmetric, clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
         return QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=observer, quant_min=_QMIN,
                                 quant_max=_QMAX, qscheme=torch.per_tensor_affine)
 

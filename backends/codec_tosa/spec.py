@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from codec_tosa.calibration import HISTOGRAM, MINMAX, OBSERVERS
+from codec_tosa.calibration import HISTOGRAM, OBSERVERS
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.commutation.table import XNNPACK, CommutationTable
@@ -34,9 +34,10 @@ class CodecSpec:
     takes policy I only, or ``xnnpack`` (policy I): `CodecQuantizer` annotates
     for XNNPACK's static INT8 kernels and `XnnpackPartitioner` lowers. `placement=None` picks ``nonlocal+share`` at policy I
     (concatenations observed with their inputs, as Arm's INT8 quantizer does)
-    and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` at
-    policy I (the range Arm's INT8 quantizer's HistogramObserver picks) and
-    ``minmax`` otherwise. `pool_constants=None` pools helper constants except at
+    and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` (the
+    range Arm's INT8 quantizer's HistogramObserver picks; on the trained models
+    it is at least stock INT8's logit SQNR at every policy, minmax is not:
+    benchmarks/RESULTS.md). `pool_constants=None` pools helper constants except at
     the reference policy, whose payload is then stock Arm's byte for byte.
 
     An integer-only spec (policy I) is `CodecQuantizer`'s: the partitioner
@@ -61,7 +62,7 @@ class CodecSpec:
                                SHARE if self.policy == INTEGER_POLICY else COALESCE)
         check_placement(self.placement)
         if self.observer is None:
-            object.__setattr__(self, "observer", HISTOGRAM if self.policy == INTEGER_POLICY else MINMAX)
+            object.__setattr__(self, "observer", HISTOGRAM)
         if self.observer not in OBSERVERS:
             raise ValueError(f"unknown observer {self.observer!r}: expected one of {', '.join(OBSERVERS)}")
         if self.target not in TARGETS and not self.ethos_u:

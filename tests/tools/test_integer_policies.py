@@ -71,7 +71,7 @@ def test_conv_relu6_domain_is_calibrated_after_the_relu6(lowered, policy):
     import torch
 
     model, x = small_models.conv_relu6_conv()
-    low = lowered("conv_relu6_conv", policy)
+    low = lowered("conv_relu6_conv", policy, observer="minmax")  # the scale below is minmax's
     plan = low.planned.placement.plan
     graph = low.planned.graph
     relu6 = next(o for o in range(graph.num_ops) if graph.op_target[o] == "aten.hardtanh.default")

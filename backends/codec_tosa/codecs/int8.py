@@ -32,8 +32,8 @@ NEAR_SYMMETRIC = 1 + 1 / 32
 class Int8Affine:
     """Per-tensor INT8 activations; `symmetric` pins the zero point to 0, and
     an asymmetric range within `NEAR_SYMMETRIC` of symmetric gets it too unless
-    `near_symmetric` is off (a target whose kernels take any zero point at no
-    cost, XNNPACK, would only lose the step's 1/32).
+    `near_symmetric` is off (inside an integer delegate, where a zero point
+    costs nothing, the snap would only lose the step's 1/32).
 
     Symmetric thetas use scale max|x| / 127 and keep the full code range
     [-128, 127]: the z = 0 encode is MUL -> CAST f32->int8, and that CAST
@@ -79,5 +79,5 @@ class Int8Affine:
 
 DEFAULT_CODEC = Int8Affine()
 SYMMETRIC_CODEC = Int8Affine(symmetric=True)
-# every zero point as the range asks (no near-symmetric snap): XNNPACK's
+# every zero point as the range asks (no near-symmetric snap): the integer targets'
 EXACT_ZERO_POINT_CODEC = Int8Affine(near_symmetric=False)

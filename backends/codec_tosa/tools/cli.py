@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation codecs with zero point 0 (fewer codec operators, coarser steps)")
     # calibration.OBSERVERS (not imported here: it loads torch)
     c.add_argument("--observer", choices=("minmax", "histogram"),
-                   help="how calibration picks each domain's range (default: histogram at policy I, "
-                        "as Arm's INT8 quantizer; minmax otherwise)")
+                   help="how calibration picks each domain's range (default: histogram, the range "
+                        "Arm's INT8 quantizer's observer picks)")
     c.add_argument("--table", help="a user commutation table (JSON)")
     c.add_argument("--target", default="tosa",
                    help="tosa (default): a CodecTosaBackend delegate (TOSA flatbuffer); vgf: Arm's "
