@@ -48,6 +48,7 @@ simulation (docs/DESIGN.md, "Validation").
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -133,8 +134,10 @@ class IntegerSimulator(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule,
                  flips: Mapping[str, Sequence[AmbiguousCode]] | None = None,
-                 fp32_delegated: bool = True, find_ambiguous: bool = True) -> None:
-        super().__init__(gm)
+                 fp32_delegated: bool = True, find_ambiguous: bool = True,
+                 keep_values: bool = False) -> None:
+        # keep_values: every node's value stays in `env` after `run`, for `rerun`
+        super().__init__(gm, garbage_collect_values=not keep_values)
         # False at integer-only policies: an FP32 layer norm then runs on the
         # CPU (ExecuTorch's kernel), not as Arm's TOSA decomposition
         self.fp32_delegated = fp32_delegated
@@ -147,6 +150,33 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.ambiguous: list[AmbiguousCode] = []
         self.flips = dict(flips or {})  # codes to encode the other way, per quantize node
         self.find_ambiguous = find_ambiguous  # off in the envelope's re-simulations, which only need outputs
+
+    def rerun(self, base: "IntegerSimulator") -> Any:
+        """The program's output with `self.flips` applied, given `base`, a run on
+        the same inputs without flips that kept its values: only the nodes whose
+        inputs differ from `base`'s are evaluated, in graph order, starting at the
+        flipped encodes. Exact, since every other node reads what it read in
+        `base`; and cheap, since a flipped code's effect usually dies at the next
+        requantisation (a RESCALE or an encode giving the same codes)."""
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        self.env = dict(base.env)
+        self.codes = dict(base.codes)
+        by_name = {n.name: n for n in self.graph.nodes}
+        queue = [(order[by_name[name]], by_name[name]) for name in self.flips]
+        heapq.heapify(queue)
+        queued = {n for _, n in queue}
+        while queue:
+            _, n = heapq.heappop(queue)
+            value = self.run_node(n)
+            if _same(value, base.env[n]):
+                continue
+            self.env[n] = value
+            for u in n.users:
+                if u not in queued and u.op != "output":
+                    queued.add(u)
+                    heapq.heappush(queue, (order[u], u))
+        self.evaluated = len(queued)
+        return self.run_node(next(n for n in reversed(self.graph.nodes) if n.op == "output"))
 
     def run_node(self, n: torch.fx.Node) -> Any:
         key = target_key(n.target) if n.op == "call_function" else ""
@@ -191,7 +221,7 @@ class IntegerSimulator(torch.fx.Interpreter):
                 self.accumulators[n] = acc
                 return acc.values
         out = super().run_node(n)
-        if key:
+        if key and self.find_ambiguous:  # the bounds only find ambiguous codes
             operands = [(self.env[a] if isinstance(a, torch.fx.Node) else a,
                          self.bounds.get(a, 0.0) if isinstance(a, torch.fx.Node) else 0.0)
                         for a in _flat(n.args) if isinstance(a, (torch.fx.Node, int, float))]
@@ -517,6 +547,14 @@ def _sequential_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return total
 
 
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
+
+
 def _flat(args: Any) -> list[Any]:
     if isinstance(args, (list, tuple)):
         return [b for a in args for b in _flat(a)]
@@ -570,7 +608,9 @@ def simulate(planned: PlannedProgram, inputs: Sequence[torch.Tensor]) -> list[to
     return simulate_with_stats(planned, inputs)[0]
 
 
-# re-simulations per input set: one per ambiguous code, up to this many, plus all flipped together
+# re-simulations per input set: one per ambiguous code, up to this many, plus all
+# flipped together. Each recomputes only what its flip changes (`IntegerSimulator.rerun`),
+# which on a transformer at W is still a quarter of the graph per flip
 MAX_FLIPS = 64
 
 
@@ -584,6 +624,7 @@ class Envelope:
     allowance: list[torch.Tensor]
     ambiguous: list[AmbiguousCode]
     resimulations: int
+    evaluated: int = 0  # nodes the re-simulations evaluated, in all
 
     @property
     def complete(self) -> bool:
@@ -592,43 +633,54 @@ class Envelope:
 
 
 def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
-         flips: Mapping[str, Sequence[AmbiguousCode]] | None = None
-         ) -> tuple[list[torch.Tensor], IntegerSimulator]:
-    runner = IntegerSimulator(sim.graph_module, flips, fp32_delegated=not planned.spec.integer_only,
-                              find_ambiguous=flips is None)
+         keep_values: bool = False) -> tuple[list[torch.Tensor], IntegerSimulator]:
+    runner = IntegerSimulator(sim.graph_module, fp32_delegated=not planned.spec.integer_only,
+                              keep_values=keep_values)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
-    return (list(out) if isinstance(out, (list, tuple)) else [out]), runner
+    return _outputs(out), runner
+
+
+def _rerun(planned: PlannedProgram, sim: Any, base: IntegerSimulator,
+           flips: Mapping[str, Sequence[AmbiguousCode]]) -> tuple[list[torch.Tensor], int]:
+    runner = IntegerSimulator(sim.graph_module, flips, fp32_delegated=not planned.spec.integer_only,
+                              find_ambiguous=False)
+    with torch.no_grad():
+        out = runner.rerun(base)
+    return _outputs(out), runner.evaluated
+
+
+def _outputs(out: Any) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
                       max_flips: int = MAX_FLIPS) -> Envelope:
     """`simulate`, the codes the artefact may round the other way (encodes of FP32
     values Arm computes differently, within the bound of a rounding boundary), and
-    the outputs' allowance: each ambiguous code flipped alone (the first
-    `max_flips`) and all flipped together, re-simulated."""
+    the outputs' allowance: each ambiguous code flipped alone (when there are at
+    most `max_flips`) and all flipped together, re-simulated."""
     sim = planned.materialized()
-    base, runner = _run(planned, sim, inputs)
+    base, runner = _run(planned, sim, inputs, keep_values=True)
     ambiguous = runner.ambiguous
     allowance = [torch.zeros(b.shape, dtype=torch.float64) for b in base]
-    runs = 0
+    runs = evaluated = 0
     if ambiguous:
         by_node: dict[str, list[AmbiguousCode]] = {}
         for a in ambiguous:
             by_node.setdefault(a.node, []).append(a)
-        together, _ = _run(planned, sim, inputs, by_node)
+        together, evaluated = _rerun(planned, sim, runner, by_node)
         summed = [torch.zeros_like(a) for a in allowance]
         # each code flipped alone only where that completes the envelope: beyond
-        # max_flips it stays incomplete whichever codes are flipped, and the flips
-        # (one simulation of the whole model each) made the reference stage of
-        # MobileNetV3-small at W 65 simulations per input set
+        # max_flips it stays incomplete whichever codes are flipped
         singles = ambiguous if len(ambiguous) <= max_flips else []
         for a in singles:
-            moved, _ = _run(planned, sim, inputs, {a.node: [a]})
+            moved, n = _rerun(planned, sim, runner, {a.node: [a]})
+            evaluated += n
             summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
         runs = 1 + len(singles)
         allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
-    return Envelope(base, allowance, ambiguous, runs)
+    return Envelope(base, allowance, ambiguous, runs, evaluated)
 
 
 def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

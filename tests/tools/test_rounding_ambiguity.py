@@ -111,14 +111,9 @@ def test_a_wrong_artefact_still_fails(transformer, tmp_path) -> None:
     assert _tampered(transformer, tmp_path, 0.5) is Verdict.PASS
 
 
-def test_codes_changed_away_from_a_boundary_are_not_allowed(transformer) -> None:
-    """The allowance covers only the ambiguous codes: an encode computed wrongly
-    (here a layer norm's codes all set to 0) moves the output beyond it."""
-    import operator
-
-    from codec_tosa.calibration import lifted_args, random_calibration
-    from codec_tosa.rounding_ambiguity import AmbiguousCode
-    from codec_tosa.simulation import IntegerSimulator, simulate_envelope
+@pytest.fixture(scope="module")
+def planned_transformer() -> tuple[object, tuple[torch.Tensor, ...]]:
+    from codec_tosa.calibration import random_calibration
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
@@ -126,7 +121,49 @@ def test_codes_changed_away_from_a_boundary_are_not_allowed(transformer) -> None
     exec(TRANSFORMER_MODEL_FILE, namespace)
     model, example = namespace["build"]()  # type: ignore[operator]
     ep = torch.export.export(model, example)
-    planned = lower_program(ep, CodecSpec(policy="W"), [example] + random_calibration(example, 3)).planned
+    return lower_program(ep, CodecSpec(policy="W"), [example] + random_calibration(example, 3)).planned, example
+
+
+def test_a_rerun_recomputes_only_what_a_flip_changes_and_equals_a_whole_run(planned_transformer) -> None:
+    """`IntegerSimulator.rerun` (the envelope's re-simulations) evaluates only the
+    nodes a flip reaches, and gives the outputs of a whole simulation with that
+    flip: for ambiguous codes alone and for all of them together."""
+    from codec_tosa.calibration import lifted_args
+    from codec_tosa.simulation import IntegerSimulator
+
+    planned, example = planned_transformer
+    sim = planned.materialized()
+    args = lifted_args(sim, example)
+    base = IntegerSimulator(sim.graph_module, keep_values=True)
+    with torch.no_grad():
+        base_out = base.run(*args)
+    assert len(base.ambiguous) >= 4
+    together: dict[str, list] = {}
+    for a in base.ambiguous:
+        together.setdefault(a.node, []).append(a)
+    moved = 0
+    nodes = len(sim.graph_module.graph.nodes)
+    for flips in [{a.node: [a]} for a in base.ambiguous[:6]] + [together]:
+        with torch.no_grad():
+            whole = IntegerSimulator(sim.graph_module, flips, find_ambiguous=False).run(*args)
+            partial = IntegerSimulator(sim.graph_module, flips, find_ambiguous=False)
+            rerun = partial.rerun(base)
+        assert all(torch.equal(w, r) for w, r in zip(whole, rerun))
+        assert 0 < partial.evaluated < nodes
+        moved += not all(torch.equal(w, b) for w, b in zip(whole, base_out))
+    assert moved  # some flip reaches an output, so equality above tells something
+
+
+def test_codes_changed_away_from_a_boundary_are_not_allowed(transformer, planned_transformer) -> None:
+    """The allowance covers only the ambiguous codes: an encode computed wrongly
+    (here a layer norm's codes all set to 0) moves the output beyond it."""
+    import operator
+
+    from codec_tosa.calibration import lifted_args
+    from codec_tosa.rounding_ambiguity import AmbiguousCode
+    from codec_tosa.simulation import IntegerSimulator, simulate_envelope
+
+    planned, example = planned_transformer
     env = simulate_envelope(planned, example)
     sim = planned.materialized()
     node = next(n for n in sim.graph_module.graph.nodes
