@@ -1,7 +1,10 @@
 """Arm's model tests end to end: compile time per stage and the artefact, ours beside stock Arm INT8 (issues 22 and 27).
 
 For each model (executorch's Arm model tests that need no download, built as
-those tests build them, random weights) and each policy, one child process:
+those tests build them, random weights; then the single modules and functionals
+of Arm's test_nn_modules.py and test_nn_functional.py, recorded from Arm's own
+test functions as tests/peer/cases.py records the operator tests) and each
+policy, one child process:
 
 * ours: `codec-tosa compile` as the CLI runs it (`tools.compiler.compile_module`,
   default 16 held-out samples), its stages from report.json (export, placement +
@@ -17,7 +20,8 @@ those tests build them, random weights) and each policy, one child process:
 
 It prints two tables, compile seconds per stage (ours/stock, the reference
 stage's share) and the artefacts side by side, and writes
-`benchmarks/arm_models.json`. The goals (issue 27): ours at most 2x stock,
+`benchmarks/arm_models.json` (a run replaces the rows of the models it ran;
+``--fresh`` starts a new file). The goals (issue 27): ours at most 2x stock,
 the reference stage at most 25% of compile.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/arm_models.py
@@ -98,7 +102,29 @@ def _mobile_block() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     return small_models.mobile_block()
 
 
-MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+Builder = Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]
+
+
+def module_tests() -> dict[str, Builder]:
+    """Arm's test_nn_modules / test_nn_functional modules, as tests/peer/cases.py
+    records them from Arm's own test functions: ``nn_modules.GRU``,
+    ``nn_functional.one_hot``, ... (non-tensor arguments stay in the example)."""
+    sys.path.insert(0, str(ROOT / "tests" / "peer"))
+    from cases import module_test_cases
+
+    builders: dict[str, Builder] = {}
+    for case in module_test_cases():
+        file, module, param = case.id.split(":")
+        name = param.removesuffix("Module") if module == param else param
+        builders[f"{file.removeprefix('test_')}.{name}"] = case.build
+    return builders
+
+
+def all_models() -> dict[str, Builder]:
+    return {**MODELS, **module_tests()}
+
+
+MODELS: dict[str, Builder] = {
     "ds_cnn": _builtin("ds_cnn"),
     "resnet8": _builtin("resnet8"),
     "mobilenet_v1_025": _builtin("mobilenet_v1_025"),
@@ -208,14 +234,19 @@ def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: s
 
 def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
     torch.set_num_threads(1)
-    module, example = MODELS[name]()
+    from codec_tosa.tools.loading import bind_constants
+
+    build = MODELS.get(name) or module_tests()[name]
+    # non-tensor inputs (max_pool1d's kernel size) bound as ours binds them: stock's
+    # program would otherwise take them as runtime inputs no caller sets
+    module, example = bind_constants(*build())
     held_out = held_out_inputs(tuple(example))
     row: dict[str, Any] = {"model": name}
     try:
         row["stock"] = stock_int8(module, tuple(example), held_out)
     except Exception as e:  # noqa: BLE001 - stock fails on some models too
         row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-    module, example = MODELS[name]()  # a fresh module: PT2E's export may leave state behind
+    module, example = bind_constants(*build())  # a fresh module: PT2E's export may leave state behind
     for policy in policies:
         row[policy] = ours(name, module, tuple(example), policy, held_out)
     return row
@@ -298,17 +329,27 @@ def markdown(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    models = all_models()
+    p.add_argument("--models", nargs="+", default=list(models), choices=list(models),
+                   help="default: every whole model, then every nn module / functional test")
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--markdown", action="store_true", help="only print the JSON's tables as Markdown")
+    p.add_argument("--fresh", action="store_true", help="start a new JSON instead of replacing its rows")
     args = p.parse_args()
     policies = tuple(args.policies)
     if args.markdown:
         print(markdown(json.loads(args.json.read_text())["rows"], policies))
         return 0
-    rows = []
+    rows: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    commands: list[str] = []
+    if not args.fresh and args.json.exists():  # a later run replaces the rows of the models it ran
+        old = json.loads(args.json.read_text())
+        kept = [r for r in old["rows"] if r["model"] not in args.models]
+        commands = old.get("commands", [old["command"]] if "command" in old else [])
+    commands.append("python benchmarks/arm_models.py " + " ".join(sys.argv[1:]))
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
     for name in args.models:
         recv, send = ctx.Pipe(duplex=False)
@@ -321,8 +362,9 @@ def main() -> int:
             proc.kill()
         rows.append(row)
         print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
-        args.json.write_text(json.dumps({"command": "python benchmarks/arm_models.py " + " ".join(sys.argv[1:]),
-                                         "rows": rows}, indent=1) + "\n")
+        order = list(models)
+        merged = sorted(kept + rows, key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+        args.json.write_text(json.dumps({"commands": commands, "rows": merged}, indent=1) + "\n")
     print()
     print(table(rows, policies))
     print()

@@ -42,6 +42,10 @@ from isolation import one_line
 
 ARM_TESTS_PACKAGE = "executorch.backends.arm.test"
 OPS_PACKAGE = f"{ARM_TESTS_PACKAGE}.ops"
+# Arm's model tests of single torch.nn modules and functionals, pipelines like the
+# operator tests' (arm_models.py runs them beside the whole models)
+MODELS_PACKAGE = f"{ARM_TESTS_PACKAGE}.models"
+MODULE_TEST_FILES = ("test_nn_modules.py", "test_nn_functional.py")
 # Arm's conftest seeds every test with 0 by default (TEST_SEED); we do the same.
 SEED = 0
 # Test functions for hardware targets duplicate the TOSA ones with the same data.
@@ -276,17 +280,17 @@ def _params(func: Callable[..., Any]) -> list[_Param] | None:
 # --------------------------------------------------------------------------- collection
 
 
-def ops_dir() -> Path:
-    spec = importlib.util.find_spec(OPS_PACKAGE)
+def ops_dir(package: str = OPS_PACKAGE) -> Path:
+    spec = importlib.util.find_spec(package)
     assert spec is not None and spec.submodule_search_locations
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _import_test_module(name: str) -> types.ModuleType:
+def _import_test_module(name: str, package: str = OPS_PACKAGE) -> types.ModuleType:
     """Import one Arm test file. test_transpose_conv2d.py does ``import conftest``
     (Arm's pytest conftest, on sys.path when pytest runs from their test dir); give
     it Arm's conftest under that name for the import only, without shadowing ours."""
-    full = f"{OPS_PACKAGE}.{name}"
+    full = f"{package}.{name}"
     if full in sys.modules:
         return sys.modules[full]
     arm_conftest_path = ops_dir().parent / "conftest.py"
@@ -332,11 +336,11 @@ def _builder(mod: types.ModuleType, func: Callable[..., Any], kwargs: dict[str, 
     return build
 
 
-def _file_cases(path: Path) -> list[PeerCase]:
+def _file_cases(path: Path, package: str = OPS_PACKAGE) -> list[PeerCase]:
     stem = path.stem
     operator = stem.removeprefix("test_")
     try:
-        mod = _import_test_module(stem)
+        mod = _import_test_module(stem, package)
     except Exception as e:  # noqa: BLE001
         return [PeerCase(id=f"{stem}:<import>", file=path.name, operator=operator, skip=f"import failed: {_one_line(e)}")]
 
@@ -403,6 +407,13 @@ def _collect() -> tuple[PeerCase, ...]:
     for path in sorted(ops_dir().glob("test_*.py")):
         out.extend(_file_cases(path))
     return tuple(out)
+
+
+def module_test_cases() -> list[PeerCase]:
+    """The runnable cases of Arm's model tests of single nn modules and functionals
+    (`MODULE_TEST_FILES`), one per module, collected as the operator tests are."""
+    folder = ops_dir(MODELS_PACKAGE)
+    return [c for f in MODULE_TEST_FILES for c in _file_cases(folder / f, MODELS_PACKAGE) if c.skip is None]
 
 
 def collect_cases(include_skipped: bool = True) -> list[PeerCase]:

@@ -111,6 +111,11 @@ def log10_bf16():
     return HalfLog10().eval(), (torch.rand(2, 3, dtype=torch.bfloat16) + 0.5,)
 
 
+def instance_norm():
+    """Arm's test_nn_modules InstanceNorm2d: nothing CodecQuantizer annotates."""
+    return nn.InstanceNorm2d(6).eval(), (torch.rand(1, 6, 16, 16),)
+
+
 class Cond(nn.Module):
     """torch.cond on a full reduction, as Arm's test_cond: the predicate is a
     rank-0 tensor at the delegate boundary, which TOSA gives the shape [1]."""

@@ -69,6 +69,8 @@ def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypa
 @pytest.mark.parametrize("model,policy,words", [
     ("log10", "W", "delegated nothing of this model (operators on the CPU: aten::log10)"),
     ("log10_bf16", "W", "input x is bfloat16"),
+    ("instance_norm", "I", "CodecQuantizer quantized nothing of this model (operators: "
+     "aten._native_batch_norm_legit.no_stats"),
 ])
 def test_refused_in_one_line_and_nothing_written(model: str, policy: str, words: str, tmp_path: Path) -> None:
     from codec_tosa.tools.cli import error_kind, error_line

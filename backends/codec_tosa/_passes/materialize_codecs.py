@@ -414,7 +414,9 @@ class _Materializer:
                 raise MaterializeError(f"constant {node.name}: no tensor in the program")
             self._read_constants.append(node)
             return t.detach()
-        if node.op == "call_function" and node.target is not operator.getitem:
+        if node.op == "call_function":
+            # a getitem reads one output of a multi-output chain (in_proj_weight
+            # split into q, k, v): its source evaluates to the tuple
             args = torch.fx.node.map_arg(node.args, self._evaluate)
             kwargs = torch.fx.node.map_arg(node.kwargs, self._evaluate)
             with torch.no_grad():

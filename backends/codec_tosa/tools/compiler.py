@@ -169,7 +169,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from codec_tosa import arm_adapter
-    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
     from codec_tosa.quantizer import CodecQuantizer, decomposed_for
     from codec_tosa.spec import XNNPACK_TARGET
 
@@ -201,6 +201,12 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
                 edge = decomposed_for(quantized, part)
                 materialized = copy.deepcopy(edge.exported_program())
                 edge = edge.to_backend(part)
+            except NotQuantizedError:
+                # the quantizer annotated nothing: say so, not how to quantize
+                raise NothingDelegated(
+                    f"policy {spec.policy}: CodecQuantizer quantized nothing of this model (operators: "
+                    f"{', '.join(_compute_operators(materialized))}); no artefact written; try a mixed "
+                    "policy such as --policy W") from None
             except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
                 if runs or isinstance(e, SystemExit):  # the failure is Vela's
                     said = _vela_error_line(runs[-1].log if runs else "") or f"{type(e).__name__}: {e}"
@@ -225,6 +231,13 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
 
         report["vela"] = vela_report(runs, info.operators)
     return Lowered(pte, planned, lowering, serialisation, files, report)
+
+
+def _compute_operators(program: ExportedProgram) -> list[str]:
+    from codec_tosa.graph import target_key
+
+    return sorted({target_key(n.target) for n in program.graph.nodes
+                   if n.op == "call_function" and target_key(n.target) != "getitem"})
 
 
 def _kept_run(run: Any) -> dict[str, Any]:
