@@ -27,10 +27,10 @@ $(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
 
 setup: $(STAMP)
 
-# both cores, one torch thread each; idle workers steal queued tests (5.5 min here,
-# against 11 with whole files per worker: a few files hold most of the time)
+# both cores, one torch thread each; idle workers steal queued tests (a few files
+# hold most of the time); the 15 slowest are listed at the end
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 # the long fuzz profile (issue 6): about FUZZ_EXAMPLES compiled random modules,
 # in two single-threaded processes (one per core), logs in fuzz-*.log; each

@@ -91,9 +91,11 @@ def test_a_layer_norm_of_a_decode_has_its_mean_requantised_as_arm_does() -> None
     assert any("layer_norm" in name for name in stats.requantised_means), stats.requantised_means
 
 
-def _tampered(transformer: Path, tmp_path: Path, beyond_steps: float) -> Verdict:
+def _tampered(transformer: Path, tmp_path: Path, beyond_steps: float, complete: bool = True) -> Verdict:
     """validate with one output element of sample 1 moved `beyond_steps` steps
-    past its allowance (the artefact then disagrees with the plan there)."""
+    past its allowance (the artefact then disagrees with the plan there);
+    `complete=False` records that sample's envelope as truncated (more
+    ambiguous codes than were flipped alone)."""
     io = dict(np.load(transformer / "reference_io.npz"))
     step = float(io["step_0"])
     allowance = io.get("sample_allowance_0", np.zeros_like(io["sample_simulated_0"]))
@@ -101,7 +103,9 @@ def _tampered(transformer: Path, tmp_path: Path, beyond_steps: float) -> Verdict
     k = np.unravel_index(int(np.argmax(allowance[1])), allowance[1].shape)
     sim[1][k] += allowance[1][k] + beyond_steps * step
     shutil.copy(transformer / "model.pte", tmp_path / "model.pte")
-    np.savez(tmp_path / "reference_io.npz", **{**io, "sample_simulated_0": sim})
+    flags = io["envelope_complete"].copy()
+    flags[2] = complete  # the example is set 0, sample 1 set 2
+    np.savez(tmp_path / "reference_io.npz", **{**io, "sample_simulated_0": sim, "envelope_complete": flags})
     return validate(tmp_path / "model.pte").verdict
 
 
@@ -109,6 +113,14 @@ def test_a_wrong_artefact_still_fails(transformer, tmp_path) -> None:
     # off by 1.5 steps beyond what its ambiguous codes allow: a real disagreement
     assert _tampered(transformer, tmp_path, 1.5) is Verdict.FAIL
     assert _tampered(transformer, tmp_path, 0.5) is Verdict.PASS
+
+
+def test_beyond_a_truncated_envelope_is_undecided_not_failed(transformer, tmp_path) -> None:
+    # the same 1.5 steps where the envelope could not flip every ambiguous code
+    # alone: its allowance is only a lower bound, so no verdict either way
+    assert _tampered(transformer, tmp_path, 1.5, complete=False) is Verdict.INCOMPLETE
+    lines = validate(tmp_path / "model.pte").lines()
+    assert any("cannot be told from ambiguous rounding" in line for line in lines), lines
 
 
 @pytest.fixture(scope="module")
