@@ -150,6 +150,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.ambiguous: list[AmbiguousCode] = []
         self.flips = dict(flips or {})  # codes to encode the other way, per quantize node
         self.find_ambiguous = find_ambiguous  # off in the envelope's re-simulations, which only need outputs
+        self.evaluated = 0  # nodes `rerun` evaluated
 
     def rerun(self, base: "IntegerSimulator") -> Any:
         """The program's output with `self.flips` applied, given `base`, a run on
@@ -624,7 +625,6 @@ class Envelope:
     allowance: list[torch.Tensor]
     ambiguous: list[AmbiguousCode]
     resimulations: int
-    evaluated: int = 0  # nodes the re-simulations evaluated, in all
 
     @property
     def complete(self) -> bool:
@@ -642,12 +642,12 @@ def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
 
 
 def _rerun(planned: PlannedProgram, sim: Any, base: IntegerSimulator,
-           flips: Mapping[str, Sequence[AmbiguousCode]]) -> tuple[list[torch.Tensor], int]:
+           flips: Mapping[str, Sequence[AmbiguousCode]]) -> list[torch.Tensor]:
     runner = IntegerSimulator(sim.graph_module, flips, fp32_delegated=not planned.spec.integer_only,
                               find_ambiguous=False)
     with torch.no_grad():
         out = runner.rerun(base)
-    return _outputs(out), runner.evaluated
+    return _outputs(out)
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -664,23 +664,22 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
     base, runner = _run(planned, sim, inputs, keep_values=True)
     ambiguous = runner.ambiguous
     allowance = [torch.zeros(b.shape, dtype=torch.float64) for b in base]
-    runs = evaluated = 0
+    runs = 0
     if ambiguous:
         by_node: dict[str, list[AmbiguousCode]] = {}
         for a in ambiguous:
             by_node.setdefault(a.node, []).append(a)
-        together, evaluated = _rerun(planned, sim, runner, by_node)
+        together = _rerun(planned, sim, runner, by_node)
         summed = [torch.zeros_like(a) for a in allowance]
         # each code flipped alone only where that completes the envelope: beyond
         # max_flips it stays incomplete whichever codes are flipped
         singles = ambiguous if len(ambiguous) <= max_flips else []
         for a in singles:
-            moved, n = _rerun(planned, sim, runner, {a.node: [a]})
-            evaluated += n
+            moved = _rerun(planned, sim, runner, {a.node: [a]})
             summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
         runs = 1 + len(singles)
         allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
-    return Envelope(base, allowance, ambiguous, runs, evaluated)
+    return Envelope(base, allowance, ambiguous, runs)
 
 
 def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
