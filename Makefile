@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all demo fuzz peer clean
+.PHONY: setup test test-slow test-all demo fuzz peer clean
 
 # Debian packages the VGF target needs (lavapipe and the Vulkan loader)
 APT_PACKAGES := mesa-vulkan-drivers libvulkan1
@@ -28,9 +28,18 @@ $(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
 setup: $(STAMP)
 
 # both cores, one torch thread each; idle workers steal queued tests (a few files
-# hold most of the time); the 15 slowest are listed at the end
+# hold most of the time); the 15 slowest are listed at the end. `make test` leaves
+# out the tests marked slow (big models, the full retrain, the fuzz grid's
+# non-default placements); `make test-slow` runs those, `make test-all` both (CI)
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
+	$(PYTEST) -m "not slow"
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 # the long fuzz profile (issue 6): about FUZZ_EXAMPLES compiled random modules,
 # in two single-threaded processes (one per core), logs in fuzz-*.log; each

@@ -94,6 +94,18 @@ def _deit_tiny() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     return timm.models.deit.deit_tiny_patch16_224(pretrained=False).eval(), (torch.rand(1, 3, 224, 224),)
 
 
+def _deeplab_v3() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Arm's test_dl3_arm: torchvision's DeepLabV3-ResNet50, 224x224, random
+    weights (no backbone download either); it returns a dict ``{"out": ...}``."""
+    from codec_tosa.tools import model_libs
+
+    model_libs.prepare()
+    from torchvision.models.segmentation import deeplabv3_resnet50
+
+    torch.manual_seed(0)
+    return deeplabv3_resnet50(weights=None, weights_backbone=None).eval(), (torch.randn(1, 3, 224, 224),)
+
+
 def _mobile_block() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """Issue 22's MobileNet-style block (tests/support/small_models.py)."""
     sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -135,6 +147,7 @@ MODELS: dict[str, Builder] = {
     "mobilenet_v3_small": _mobilenet_v3,
     "deit_tiny": _deit_tiny,
     "inception_v3": _builtin("inception_v3"),
+    "deeplab_v3": _deeplab_v3,
 }
 
 

@@ -119,6 +119,7 @@ def test_builtin_builder_exports(name: str) -> None:
         torch.testing.assert_close(exported.module()(*inputs), model(*inputs))
 
 
+@pytest.mark.slow
 def test_retraining_reproduces_committed_weights() -> None:
     # Full retrain of the fastest model (about 22 s on one idle core), bit for bit.
     entry = ENTRIES[FULL_RETRAIN]

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from codec_tosa.rounding_ambiguity import FP32_EPS, ambiguous_codes, error_bound, layer_norm_condition
+from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
+from codec_tosa.tools.compiler import CompileResult, compile_model
 from codec_tosa.tools.validate import Verdict, validate
 from model_files import TRANSFORMER_MODEL_FILE
 
@@ -50,12 +52,26 @@ def test_error_bounds_follow_the_operators() -> None:
 
 
 @pytest.fixture(scope="module")
-def transformer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def compiled_transformer(tmp_path_factory: pytest.TempPathFactory) -> CompileResult:
+    """The transformer compiled at W as the CLI compiles it (one lowering for
+    every test here: the artefact directory and the plan it was lowered from)."""
     d = tmp_path_factory.mktemp("transformer")
     (d / "model.py").write_text(TRANSFORMER_MODEL_FILE)
-    assert main(["compile", f"{d / 'model.py'}:build", "--policy", "W", "--samples", str(SAMPLES),
-                 "-o", str(d / "W")]) == 0
-    return d / "W"
+    return compile_model(f"{d / 'model.py'}:build", CodecSpec(policy="W"), d / "W", progress=False,
+                         samples=SAMPLES)
+
+
+@pytest.fixture(scope="module")
+def transformer(compiled_transformer: CompileResult) -> Path:
+    return compiled_transformer.out_dir
+
+
+@pytest.fixture(scope="module")
+def planned_transformer(compiled_transformer: CompileResult) -> tuple[object, tuple[torch.Tensor, ...]]:
+    namespace: dict[str, object] = {}
+    exec(TRANSFORMER_MODEL_FILE, namespace)
+    _, example = namespace["build"]()  # type: ignore[operator]
+    return compiled_transformer.planned, example
 
 
 def test_a_transformer_passes_at_w_with_its_ambiguous_codes_counted(transformer, capsys) -> None:
@@ -73,21 +89,14 @@ def test_a_transformer_passes_at_w_with_its_ambiguous_codes_counted(transformer,
     assert f"ambiguous codes: {int(counts.sum())}" in out and out.splitlines()[-1] == "PASS"
 
 
-def test_a_layer_norm_of_a_decode_has_its_mean_requantised_as_arm_does() -> None:
+def test_a_layer_norm_of_a_decode_has_its_mean_requantised_as_arm_does(planned_transformer) -> None:
     """Arm decomposes a layer norm into a mean, ..., and a mean of a decoded value
     gets a codec on its sum; the simulation does the same (without it, the ViT at W
     was 1.97 steps off on every held-out input)."""
-    from codec_tosa.calibration import random_calibration
     from codec_tosa.simulation import simulate_with_stats
-    from codec_tosa.spec import CodecSpec
-    from codec_tosa.tools.compiler import lower_program
 
-    namespace: dict[str, object] = {}
-    exec(TRANSFORMER_MODEL_FILE, namespace)
-    model, example = namespace["build"]()  # type: ignore[operator]
-    lowered = lower_program(torch.export.export(model, example), CodecSpec(policy="W"),
-                            [example] + random_calibration(example, 3))
-    _, stats = simulate_with_stats(lowered.planned, example)
+    planned, example = planned_transformer
+    _, stats = simulate_with_stats(planned, example)
     assert any("layer_norm" in name for name in stats.requantised_means), stats.requantised_means
 
 
@@ -121,19 +130,6 @@ def test_beyond_a_truncated_envelope_is_undecided_not_failed(transformer, tmp_pa
     assert _tampered(transformer, tmp_path, 1.5, complete=False) is Verdict.INCOMPLETE
     lines = validate(tmp_path / "model.pte").lines()
     assert any("cannot be told from ambiguous rounding" in line for line in lines), lines
-
-
-@pytest.fixture(scope="module")
-def planned_transformer() -> tuple[object, tuple[torch.Tensor, ...]]:
-    from codec_tosa.calibration import random_calibration
-    from codec_tosa.spec import CodecSpec
-    from codec_tosa.tools.compiler import lower_program
-
-    namespace: dict[str, object] = {}
-    exec(TRANSFORMER_MODEL_FILE, namespace)
-    model, example = namespace["build"]()  # type: ignore[operator]
-    ep = torch.export.export(model, example)
-    return lower_program(ep, CodecSpec(policy="W"), [example] + random_calibration(example, 3)).planned, example
 
 
 def test_a_rerun_recomputes_only_what_a_flip_changes_and_equals_a_whole_run(planned_transformer) -> None:

@@ -169,7 +169,7 @@ def _max_steps(model, example, shape, lowered, seed: int) -> tuple[float, object
 
 @pytest.mark.parametrize("name,seed,policy", [
     ("resnet", 0, "W"), ("resnet", 1, "Y"),
-    ("mobilenet", 0, "W"), ("mobilenet", 2, "W"),
+    ("mobilenet", 0, "W"),
     ("attention", 0, "W"),
     ("shuffle", 0, "W"), ("shuffle", 3, "Y"),
 ])

@@ -37,6 +37,7 @@ class CompileResult:
     report: dict[str, Any]
     files: tuple[str, ...] = ()  # written beside the .pte besides report.json and reference_io.npz
     warnings: list[str] = field(default_factory=list)  # e.g. an output's SQNR below the floor
+    planned: PlannedProgram | None = None  # the plan the artefact was lowered from (None: none)
 
     @property
     def pte(self) -> Path:
@@ -328,7 +329,7 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
 
     report = build_report(model, spec, pte, planned, times, lowered.report, ref)
     write_artefacts(out, pte, ref.io, report, lowered.files)
-    return CompileResult(out, report, tuple(lowered.files), ref.warnings)
+    return CompileResult(out, report, tuple(lowered.files), ref.warnings, planned)
 
 
 def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgram | None,
