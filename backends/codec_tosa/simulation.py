@@ -60,7 +60,7 @@ from codec_tosa.graph import target_key
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.rescale import average, rescale
-from codec_tosa.rounding_ambiguity import AmbiguousCode, ambiguous_codes, error_bound
+from codec_tosa.rounding_ambiguity import FP32_DECOMPOSITIONS, AmbiguousCode, ambiguous_codes, error_bound
 
 _Q = "quantized_decomposed.quantize_per_tensor.default"
 _DQ = "quantized_decomposed.dequantize_per_tensor.default"
@@ -221,7 +221,18 @@ class IntegerSimulator(torch.fx.Interpreter):
             if acc is not None:
                 self.accumulators[n] = acc
                 return acc.values
+        elif key in FP32_DECOMPOSITIONS and not _lowered_on_codes(n):
+            x = self.env.get(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
+            if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+                out = FP32_DECOMPOSITIONS[key](x)[0]  # as the artefact computes it, not as torch does
+                self._bound(n, key, out)
+                return out
         out = super().run_node(n)
+        self._bound(n, key, out)
+        return out
+
+    def _bound(self, n: torch.fx.Node, key: str, out: Any) -> None:
+        """Record how far the artefact may be from `out`, the value of `n`."""
         if key and self.find_ambiguous:  # the bounds only find ambiguous codes
             operands = [(self.env[a] if isinstance(a, torch.fx.Node) else a,
                          self.bounds.get(a, 0.0) if isinstance(a, torch.fx.Node) else 0.0)
@@ -229,7 +240,6 @@ class IntegerSimulator(torch.fx.Interpreter):
             bound = error_bound(key, out, operands)
             if bound > 0:
                 self.bounds[n] = bound
-        return out
 
     # ---- codecs ------------------------------------------------------------
     def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor:
