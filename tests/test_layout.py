@@ -51,3 +51,52 @@ def test_imports_go_only_down() -> None:
             if target in FLOOR and FLOOR[target] > here:
                 upward.append(f"{path.relative_to(PACKAGE)}:{line} imports codec_tosa.{target}")
     assert upward == []
+
+
+def _module_name(path: Path) -> str:
+    parts = ("codec_tosa", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The package's modules `tree` imports, function-level imports included
+    (``from codec_tosa.tools import validate`` is the module tools.validate)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "codec_tosa":
+            for a in node.names:
+                found.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "codec_tosa"}
+    return found & modules
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (module -> modules it imports), or []."""
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(u: str) -> list[str]:
+        state[u] = 1
+        path.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                return path[path.index(v):] + [v]
+            if v not in state and (found := visit(v)):
+                return found
+        path.pop()
+        state[u] = 2
+        return []
+
+    return next((c for m in sorted(graph) if m not in state for c in [visit(m)] if c), [])
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Floors allow imports sideways (tools/compiler and tools/validate live on one);
+    no module may reach itself through them, even by a function-level import."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module_name(p) for p in paths} - {"codec_tosa"}
+    graph = {_module_name(p): _module_imports(ast.parse(p.read_text()), modules) - {_module_name(p)}
+             for p in paths if _module_name(p) in modules}
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]  # the finder finds
+    assert _cycle(graph) == []
