@@ -117,9 +117,12 @@ def first_float_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def error_bound(key: str, out: Any, operands: Sequence[tuple[Any, float]]) -> float:
+def error_bound(key: str, out: Any, operands: Sequence[tuple[Any, float]],
+                magnitude: float | None = None) -> float:
     """Bound on |artefact - eager| over `out`, the value of operator `key`, whose
-    operands are (value, its bound) pairs (non-tensor operands with bound 0)."""
+    operands are (value, its bound) pairs (non-tensor operands with bound 0).
+    `magnitude`: what an inexact operator's own rounding is relative to (None:
+    max|out|; an FP32_DECOMPOSITIONS operator's, from its steps)."""
     if first_float_tensor(out) is None:
         return 0.0  # masks, indices: not encoded
     bounds = [b for _, b in operands]
@@ -141,12 +144,8 @@ def error_bound(key: str, out: Any, operands: Sequence[tuple[Any, float]]) -> fl
     # as relative error (first order; no Lipschitz constant is known in general)
     rel_in = sum(b / m for (v, b) in operands if b for m in [_max_abs(v)] if m > 0)
     kappa = layer_norm_condition(operands) if key in _LAYER_NORMS else 1.0
-    magnitude = _max_abs(out)
-    x = operands[0][0] if operands else None
-    if key in FP32_DECOMPOSITIONS and isinstance(x, torch.Tensor) and x.numel():
-        value, relative_to = FP32_DECOMPOSITIONS[key](x.detach().to(torch.float32))
-        magnitude = float((value.abs() + relative_to).max())
-    return FP32_EPS * kappa * magnitude + rel_in * _max_abs(out)
+    own = _max_abs(out) if magnitude is None else magnitude
+    return FP32_EPS * kappa * own + rel_in * _max_abs(out)
 
 
 def layer_norm_condition(operands: Sequence[tuple[Any, float]]) -> float:

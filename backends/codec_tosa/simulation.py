@@ -224,20 +224,23 @@ class IntegerSimulator(torch.fx.Interpreter):
         elif key in FP32_DECOMPOSITIONS and not _lowered_on_codes(n):
             x = self.env.get(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
             if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
-                out = FP32_DECOMPOSITIONS[key](x)[0]  # as the artefact computes it, not as torch does
-                self._bound(n, key, out)
+                # as the artefact computes it, not as torch does; its steps' rounding
+                # is relative to |out| + relative_to
+                out, relative_to = FP32_DECOMPOSITIONS[key](x)
+                self._bound(n, key, out, float((out.abs() + relative_to).max()) if out.numel() else 0.0)
                 return out
         out = super().run_node(n)
         self._bound(n, key, out)
         return out
 
-    def _bound(self, n: torch.fx.Node, key: str, out: Any) -> None:
-        """Record how far the artefact may be from `out`, the value of `n`."""
+    def _bound(self, n: torch.fx.Node, key: str, out: Any, magnitude: float | None = None) -> None:
+        """Record how far the artefact may be from `out`, the value of `n`
+        (`magnitude`: as `error_bound` takes it)."""
         if key and self.find_ambiguous:  # the bounds only find ambiguous codes
             operands = [(self.env[a] if isinstance(a, torch.fx.Node) else a,
                          self.bounds.get(a, 0.0) if isinstance(a, torch.fx.Node) else 0.0)
                         for a in _flat(n.args) if isinstance(a, (torch.fx.Node, int, float))]
-            bound = error_bound(key, out, operands)
+            bound = error_bound(key, out, operands, magnitude)
             if bound > 0:
                 self.bounds[n] = bound
 
