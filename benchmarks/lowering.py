@@ -163,7 +163,7 @@ def lowered_modules(edge: Any) -> list[Any]:
 def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
                    compile_spec: Any, quantizer_class: type | None = None
                    ) -> tuple[torch.nn.Module, ExportedProgram, float]:
-    """Arm's PT2E INT8 flow (as `arm_adapter.stock_int8_program`), calibrated on `calibration`.
+    """Arm's PT2E INT8 flow (as `codec_tosa.stock.stock_int8_program`), calibrated on `calibration`.
 
     `quantizer_class` defaults to `TOSAQuantizer` (`VgfQuantizer` for a VGF spec).
     Returns the converted module (the stock flow's quantized eager), its export,

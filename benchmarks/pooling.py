@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from codec_tosa import arm_adapter  # noqa: E402
+from codec_tosa import arm_adapter, stock  # noqa: E402
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats  # noqa: E402
 from codec_tosa.tools.reference_model import bit_identical, reference_inputs  # noqa: E402
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats  # noqa: E402
@@ -97,10 +97,10 @@ def measure_stock(model: str, mode: str, check: bool) -> Row:
     spec = arm_adapter.tosa_compile_spec(MODES[mode])
     module, inputs = build(model)
     if mode == "int8":
-        program = arm_adapter.stock_int8_program(module, inputs, spec)
+        program = stock.stock_int8_program(module, inputs, spec)
     else:
         program = torch.export.export(module, inputs)
-    partitions = arm_adapter.stock_partitions(program, spec)
+    partitions = stock.stock_partitions(program, spec)
     before, after, pooling = [], [], []
     pooled_seconds = 0.0
     identical = True if check else None

@@ -112,12 +112,12 @@ class Lowered:
 
 
 def lower_stock(program: Any, tosa_spec: str) -> Lowered:
-    from codec_tosa import arm_adapter
+    from codec_tosa import arm_adapter, stock
     from codec_tosa.vgf import tools
 
-    spec = arm_adapter.vgf_compile_spec(tosa_spec)
+    spec = stock.vgf_compile_spec(tosa_spec)
     with arm_adapter.vgf_conversions_kept(str(tools.model_converter())) as conversions:
-        low = timed_lower(program, arm_adapter.vgf_partitioner(spec))
+        low = timed_lower(program, stock.vgf_partitioner(spec))
     return Lowered(low.edge, low.pte, conversions, low.lowering_s)
 
 
@@ -134,14 +134,14 @@ def lower_ours(program: Any, policy: str, calibration: Sequence[Inputs]) -> Lowe
 def lower_flow(flow: str, module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs]
                ) -> tuple[str, Lowered]:
     """The TOSA spec string and the lowering of `flow`."""
-    from codec_tosa import arm_adapter
+    from codec_tosa import arm_adapter, stock
 
     if flow == STOCK_FP:
         return "TOSA-1.0+FP", lower_stock(export(module, inputs), "TOSA-1.0+FP")
     if flow == STOCK_INT8:
         from executorch.backends.arm.quantizer import VgfQuantizer
 
-        spec = arm_adapter.vgf_compile_spec("TOSA-1.0+INT")
+        spec = stock.vgf_compile_spec("TOSA-1.0+INT")
         _, program, quantize_s = stock_quantize(module, inputs, calibration, spec, VgfQuantizer)
         low = lower_stock(program, "TOSA-1.0+INT")
         low.quantize_s = quantize_s

@@ -29,7 +29,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_private
+from codec_tosa.arm_pipeline import CodecPermuteUpPass
 from codec_tosa.analysis import analyze, port_graph
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.calibration import random_calibration
@@ -234,7 +235,7 @@ def test_conv_after_cat_of_one_tensor_twice(policy: str, placement: str, tmp_pat
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by the long fuzz profile: executorch 1.5.1's permute propagation turns
     conv(cat([x, x])) into conv(x), and the reference model's Python binding then
-    crashes its process. arm_adapter keeps such cats; validate runs the reference
+    crashes its process. arm_pipeline keeps such cats; validate runs the reference
     model in a child process, so without the workaround it reports the crash."""
     model, inputs = build(CAT_TWICE)
     v = compile_and_validate_module(model, inputs, 0, policy, placement, tmp_path / "kept", str(CAT_TWICE))
@@ -245,7 +246,7 @@ def test_conv_after_cat_of_one_tensor_twice(policy: str, placement: str, tmp_pat
         return
     # the upstream bug is still there (when this fails, the workaround can go);
     # it is Arm's permute propagation, the same at every policy
-    monkeypatch.setattr(arm_adapter, "_cat_with_repeated_inputs_kept", contextlib.nullcontext)
+    monkeypatch.delattr(CodecPermuteUpPass, "_maybe_split_upwards_cat_fanout")
     with pytest.raises(ValidationError, match="reference model crashed on the delegate .*input channel mismatch"):
         compile_and_validate_module(model, inputs, 0, policy, placement, tmp_path / "dropped", str(CAT_TWICE))
 
@@ -259,14 +260,14 @@ BN_OF_BN = Recipe(inputs=((1, 2, 4, 4),), steps=(
 def test_batch_norm_of_a_lone_batch_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by the long fuzz profile at V: executorch 1.5.1's FuseBatchNorm2dPass gives
     a lone batch norm a new convolution without meta["val"], and a batch norm reading
-    it fails (KeyError: 'val'). arm_adapter types that convolution; the program
+    it fails (KeyError: 'val'). arm_private types that convolution; the program
     compiles to one delegate and validates."""
     model, inputs = build(BN_OF_BN)
     v = compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "typed", str(BN_OF_BN))
     assert v is not None and v.verdict is Verdict.PASS and len(v.delegates) == 1
 
     # the upstream bug is still there (when this fails, the workaround can go)
-    monkeypatch.setattr(arm_adapter, "_batch_norm_convolutions_typed", contextlib.nullcontext)
+    monkeypatch.setattr(arm_private, "batch_norm_convolutions_typed", contextlib.nullcontext)
     with pytest.raises(Exception) as failed:
         compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "untyped", str(BN_OF_BN))
     assert isinstance(_root_cause(failed.value), KeyError) and "'val'" in str(_root_cause(failed.value))

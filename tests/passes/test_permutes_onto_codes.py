@@ -1,7 +1,7 @@
 """Layout operators around our codecs: on the codes, and found without a re-trace per codec.
 
 Arm's permute propagation re-traces the whole graph after each round of
-moves; before `arm_adapter._permutes_cross_codecs`, every codec operator
+moves; before `arm_pipeline`'s permute-pass subclasses, every codec operator
 stopped a permute for a round (ShuffleNetV2 at W: 160 re-traces against 17
 for stock INT8). `PermutesOntoCodesPass` then moves a permute left on the FP32
 side of a codec onto its INT8 side (an image model's input transpose).
@@ -17,7 +17,7 @@ import pytest
 import torch
 from executorch.backends.transforms import propagate_view_copy_permute_pass as propagation
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, stock
 from codec_tosa.codecs import Int8Affine
 from codec_tosa.codecs.int8 import NEAR_SYMMETRIC, QMAX, QMIN
 from codec_tosa.runtime.pte import delegate_payload
@@ -78,15 +78,15 @@ def test_permute_propagation_does_not_retrace_per_codec(retraces: collections.Co
     model, x = small_models.mobile_block()
     calibration = small_models.calibration(x)
     spec = arm_adapter.tosa_compile_spec("TOSA-1.0+INT")
-    stock_program = arm_adapter.stock_int8_program(model, x, spec)
+    stock_program = stock.stock_int8_program(model, x, spec)
     from executorch.exir import to_edge_transform_and_lower
 
     to_edge_transform_and_lower(stock_program, partitioner=[arm_adapter.stock_partitioner(spec)])
-    stock = sum(retraces.values())
+    stock_retraces = sum(retraces.values())
     retraces.clear()
     lower_program(torch.export.export(model, x), CodecSpec(policy="W"), calibration)
     ours = sum(retraces.values())
-    assert ours <= 2 * stock, (ours, stock)
+    assert ours <= 2 * stock_retraces, (ours, stock_retraces)
 
 
 def test_a_nearly_symmetric_range_gets_zero_point_zero() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import tosa_serializer as ts
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, stock
 from codec_tosa.tools.reference_model import run_reference_model
 from codec_tosa.spec import CodecSpec
 from codec_tosa.vgf import ConversionError, NoVulkanDevice, VgfToolMissing, convert, run_vgf, vgf_tools
@@ -68,10 +68,10 @@ def test_policy_w_vgf_equals_reference_model_bit_for_bit(lowered_w, model, seed)
 
 def test_stock_tosa_fp_vgf_matches_reference_model(model):
     m, x, ep, _ = model
-    (stock,) = arm_adapter.stock_partitions(ep, arm_adapter.tosa_compile_spec("TOSA-1.0+FP"))
+    (partition,) = stock.stock_partitions(ep, arm_adapter.tosa_compile_spec("TOSA-1.0+FP"))
     inputs = _held_out(x, 303)
-    reference = run_reference_model(stock.tosa_bytes, inputs, "stock FP")[0]
-    on_vgf = run_vgf(convert(stock.tosa_bytes, "stock FP"), inputs, "stock FP")[0]
+    reference = run_reference_model(partition.tosa_bytes, inputs, "stock FP")[0]
+    on_vgf = run_vgf(convert(partition.tosa_bytes, "stock FP"), inputs, "stock FP")[0]
     reference = reference.reshape(on_vgf.shape)
     # FP32 on a different implementation: summation order may differ in the last bits
     assert np.max(np.abs(on_vgf - reference)) <= 1e-6 * max(1.0, float(np.max(np.abs(reference))))
@@ -85,9 +85,9 @@ def test_stock_vgf_flow_conversions_are_kept_as_arm_made_them(model):
     from codec_tosa.runtime.pte import delegates
 
     _, x, ep, _ = model
-    spec = arm_adapter.vgf_compile_spec("TOSA-1.0+FP")
+    spec = stock.vgf_compile_spec("TOSA-1.0+FP")
     with arm_adapter.vgf_conversions_kept(str(vgf_tools().model_converter)) as kept:
-        edge = to_edge_transform_and_lower(ep, partitioner=[arm_adapter.vgf_partitioner(spec)])
+        edge = to_edge_transform_and_lower(ep, partitioner=[stock.vgf_partitioner(spec)])
     pte = bytes(edge.to_executorch().buffer)
     (payload,) = [d.payload for d in delegates(pte) if d.backend_id == VGF_BACKEND_ID]
     assert len(kept) == 1 and kept[0].vgf == payload

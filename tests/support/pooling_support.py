@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codec_tosa import arm_adapter
+from codec_tosa import arm_adapter, stock
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 
@@ -43,10 +43,10 @@ def lower_both(
     """Stock Arm lowering and pooled lowering of the single delegate of `model`."""
     spec = arm_adapter.tosa_compile_spec(tosa_spec)
     if int8:
-        program = arm_adapter.stock_int8_program(model.eval(), inputs, spec)
+        program = stock.stock_int8_program(model.eval(), inputs, spec)
     else:
         program = torch.export.export(model.eval(), inputs)
-    (part,) = arm_adapter.stock_partitions(program, spec)
+    (part,) = stock.stock_partitions(program, spec)
     pooled, stats = lower_pooled(part.program, tosa_spec)
     return Lowered(part.program, part.tosa_bytes, pooled, stats)
 
