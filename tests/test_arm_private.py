@@ -146,3 +146,20 @@ def test_intermediate_artefacts_are_written_as_arm_writes_them(tmp_path: Path,
     monkeypatch.setattr(ts, "TOSA_VERSION_MAJOR", ts.TOSA_VERSION_MAJOR + 1)  # a serializer for TOSA 2
     with pytest.raises(RuntimeError, match=r"TOSA serializer version \(2\.\d+\) doesn't match specification"):
         arm_adapter.new_serializer(spec)
+
+
+def test_the_partitioner_hands_arm_an_intermediate_path(tmp_path: Path) -> None:
+    """`CodecTosaPartitioner(..., intermediates=DIR)`: each delegate's TOSA lands in
+    DIR as Arm's own backend writes it, and it is the delegate's payload."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.runtime.pte import delegates
+
+    model, x = small_models.conv_cat_reshape()
+    partitioner = CodecTosaPartitioner(CodecSpec(policy="W"), small_models.calibration(x),
+                                       intermediates=str(tmp_path))
+    pte = to_edge_transform_and_lower(torch.export.export(model, x), partitioner=[partitioner]).to_executorch()
+    (payload,) = [d.payload for d in delegates(pte.buffer)]
+    (dumped,) = tmp_path.glob("*.tosa")
+    assert dumped.read_bytes() == payload

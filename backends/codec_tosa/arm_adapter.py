@@ -188,7 +188,7 @@ def vela_available() -> bool:
 VGF_BACKEND_ID = "VgfBackend"
 
 
-def vgf_compile_spec_entries(tosa_spec: str) -> list[CompileSpec]:
+def vgf_compile_spec_entries(tosa_spec: str, intermediates: str | None = None) -> list[CompileSpec]:
     """The compile-spec list Arm's VgfPartitioner would put in a delegate for `tosa_spec`.
 
     The VGF runtime ignores compile specs (the payload is self-describing);
@@ -197,4 +197,6 @@ def vgf_compile_spec_entries(tosa_spec: str) -> list[CompileSpec]:
     """
     from executorch.backends.arm.vgf import VgfCompileSpec
 
-    return list(VgfCompileSpec(tosa_spec)._to_list())
+    spec = VgfCompileSpec(tosa_spec)
+    spec.dump_intermediate_artifacts_to(intermediates)
+    return list(spec._to_list())

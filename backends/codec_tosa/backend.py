@@ -10,6 +10,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from codec_tosa import arm_adapter, progress
+from codec_tosa.graph import user_input_nodes
 from codec_tosa._passes.materialize_codecs import materialize
 from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_options
@@ -36,8 +37,7 @@ def lower_to_tosa(edge_program: ExportedProgram, arm_spec: Any, pool_constants: 
         edge_program = materialize(edge_program)
     serializer = arm_adapter.new_serializer(
         arm_spec, PooledTosaSerializer if pool_constants else ts.TosaSerializer)
-    inputs = [n.name for n in edge_program.graph.nodes
-              if n.op == "placeholder" and n.name in edge_program.graph_signature.user_inputs]
+    inputs = [n.name for n in user_input_nodes(edge_program)]
     payload = arm_adapter.lower_into(edge_program, arm_spec, serializer, lower_codecs=planned)
     _require_every_input_read(inputs, payload)
     return payload, (serializer.stats if pool_constants else None)

@@ -19,7 +19,7 @@ from torch.export.graph_signature import InputKind
 
 from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, QMAX, QMIN, Int8Affine
-from codec_tosa.graph import PortGraph
+from codec_tosa.graph import PortGraph, user_input_nodes
 from codec_tosa.placement.plan import Plan
 from codec_tosa.pytrees import leaves, map_tensors
 
@@ -59,8 +59,7 @@ def check_calibration(ep: ExportedProgram, calibration: Sequence[Sequence[Any]])
     `pytrees.leaves`); refuses entries that do not fit the program, in one line."""
     if not calibration:
         raise CalibrationError("calibration: no input tuples given")
-    expected = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
-                and n.name in ep.graph_signature.user_inputs]
+    expected = [n.meta["val"] for n in user_input_nodes(ep)]
     flat: list[list[torch.Tensor]] = []
     for i, entry in enumerate(calibration):
         if isinstance(entry, torch.Tensor) or not isinstance(entry, (tuple, list)):

@@ -249,6 +249,13 @@ def has_empty_tensor(node: torch.fx.Node) -> bool:
     return produces_empty or any(empty(a.meta.get("val")) for a in node.all_input_nodes)
 
 
+def user_input_nodes(ep: Any) -> list[torch.fx.Node]:
+    """The placeholders of an ExportedProgram that are user inputs, in order (the
+    signature's `user_inputs` is rebuilt on each access: read it once)."""
+    names = set(ep.graph_signature.user_inputs)
+    return [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
+
+
 def program_constants(ep: Any) -> list[str]:
     """Placeholders of an ExportedProgram holding parameters, buffers and lifted constants."""
     sig = ep.graph_signature

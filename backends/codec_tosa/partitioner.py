@@ -14,7 +14,7 @@ from codec_tosa import arm_adapter, progress
 from codec_tosa._passes.fold_batch_norm import fold_batch_norms
 from codec_tosa.backend import BACKEND_ID, lower_to_tosa
 from codec_tosa.calibration import random_calibration
-from codec_tosa.graph import has_empty_tensor, target_key
+from codec_tosa.graph import has_empty_tensor, target_key, user_input_nodes
 from codec_tosa.planning import PlannedProgram, plan_program
 from codec_tosa.provenance import option_specs, provenance_specs
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
@@ -38,7 +38,11 @@ class CodecTosaPartitioner(Partitioner):
     """
 
     def __init__(self, spec: CodecSpec | None = None,
-                 calibration: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
+                 calibration: Sequence[Sequence[torch.Tensor]] | None = None,
+                 intermediates: str | None = None) -> None:
+        """`intermediates`: a directory for the TOSA lowering's intermediate artefacts,
+        as Arm's ``compile_spec.dump_intermediate_artifacts_to`` (the TOSA flatbuffer
+        of each delegate, named as Arm names it)."""
         self.codec_spec = spec or CodecSpec()
         # a bare tensor stays as it is, for check_calibration to name the mistake
         # (tuple() would split it into slices and report a shape instead)
@@ -52,18 +56,20 @@ class CodecTosaPartitioner(Partitioner):
                              "partitioner=[XnnpackPartitioner()])")
         if spec_.ethos_u:
             arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
+            arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
             self.delegation_spec = DelegationSpec(arm_adapter.ETHOS_U_BACKEND_ID,
                                                   arm_adapter.arm_compile_spec_entries(arm_spec))
         else:
             arm_spec = arm_adapter.tosa_compile_spec(spec_.tosa_spec)
+            arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=checks)
             if spec_.target == "vgf":
                 # ExecuTorch lowers a VgfBackend delegate with Arm's VgfBackend, whose
                 # TOSA step then runs ours for a program that carries our plan
                 arm_adapter.install_vgf_tosa_lowering(_lower_planned_tosa, str(_model_converter()))
                 self.delegation_spec = DelegationSpec(arm_adapter.VGF_BACKEND_ID,
-                                                      arm_adapter.vgf_compile_spec_entries(spec_.tosa_spec))
+                                                      arm_adapter.vgf_compile_spec_entries(spec_.tosa_spec, intermediates))
             else:
                 self.delegation_spec = DelegationSpec(
                     BACKEND_ID, arm_adapter.arm_compile_spec_entries(arm_spec) + option_specs(spec_))
@@ -129,8 +135,7 @@ class CodecTosaPartitioner(Partitioner):
             return self.calibration
         warnings.warn("CodecTosaPartitioner: no calibration inputs given; using seeded random "
                       "inputs shaped like the example inputs", stacklevel=3)
-        examples = [n.meta["val"] for n in ep.graph.nodes
-                    if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+        examples = [n.meta["val"] for n in user_input_nodes(ep)]
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
 
 

@@ -43,6 +43,7 @@ class OpFacts:
     bias: str | None  # argument stored as int32 codes at scale s(bias_scale_of) * s(weight)
     bias_scale_of: str | None
     refusal: str | None  # why Arm's lowering cannot take it encoded (None: it can)
+    out_channel_axis: int | None = None  # the output axis the weight's channels are
 
 
 def in_key(graph: PortGraph, port: int) -> str:
@@ -68,7 +69,7 @@ def write_plan_meta(graph: PortGraph, sem: Semantics, plan: Plan, thetas: dict[i
         row = table.lookup(graph.op_target[op])
         if (ins or outs) and row is not None:
             facts = OpFacts(row.weight_axis, row.bias, row.bias_scale_of,
-                            row.int8_refusal(lambda name: graph.op_argument(op, name)))
+                            row.int8_refusal(lambda name: graph.op_argument(op, name)), row.out_channel_axis)
         if ins or outs:
             node.meta[KEY] = {"in": ins, "out": outs, "facts": facts}
         else:

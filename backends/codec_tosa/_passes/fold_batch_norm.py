@@ -24,6 +24,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from codec_tosa.graph import user_input_nodes
+
 _CONV = {torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default}
 # (target, index of eps in args, outputs are read through getitem)
 _BN = {
@@ -79,8 +81,7 @@ def _fold(ep: ExportedProgram, conv: torch.fx.Node, bn: torch.fx.Node, index: in
     w = get_param_tensor(ep, weight)
     b = get_param_tensor(ep, bias) if isinstance(bias, torch.fx.Node) else None
     fused_w, fused_b = fuse_conv_bn_weights(w, b, mean, var, float(bn.args[eps_at]), bn_w, bn_b)
-    first_input = next(n for n in graph.nodes if n.op == "placeholder"
-                       and n.name in ep.graph_signature.user_inputs)
+    first_input = user_input_nodes(ep)[0]
     with graph.inserting_before(first_input):
         w_node = create_constant_placeholder(ep, graph, f"{conv.name}_bn_folded_weight",
                                              InputKind.PARAMETER, fused_w.detach())

@@ -83,17 +83,13 @@ from typing import Any
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
 import torch.fx
-from executorch.backends.transforms.utils import (
-    create_constant_placeholder,
-    delete_constant_placeholder,
-    get_param_tensor,
-)
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputSpec, TensorArgument
+from torch.export.graph_signature import OutputSpec, TensorArgument
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX as _INT32_QMAX, INT32_QMIN as _INT32_QMIN
+from codec_tosa._passes.constant_inputs import ConstantInputs
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
@@ -159,6 +155,7 @@ class _Materializer:
         self.stats = stats
         self._const_values: dict[int, torch.Tensor] = {}
         self._read_constants: list[torch.fx.Node] = []
+        self.constants = ConstantInputs(ep)  # placeholders added and removed in linear time
 
     # ---- annotation -------------------------------------------------------
     def annotate_int8_ops(self) -> None:
@@ -194,22 +191,23 @@ class _Materializer:
                                        "facts in the plan")
             w_scales: torch.Tensor | None = None
             for p in weight_ports:
-                w_scales = self._encode_weight(op, p, facts.axis)
+                w_scales = self._encode_weight(op, p, facts)
             if facts.bias is not None and len(weight_ports) == 1 and w_scales is not None:
                 self._encode_bias(op, facts, w_scales)
 
-    def _encode_weight(self, op: int, port: int, axis: int | None) -> torch.Tensor:
+    def _encode_weight(self, op: int, port: int, facts: OpFacts) -> torch.Tensor:
         """Replace the constant read at `port` by int8 codes + dequantize; return the scales."""
         value = self.g.in_value[port]
         w = self._constant(value, port).float()
         name = self.g.op_name[op]
+        axis = facts.axis
         per_channel = axis is not None
         if axis not in (None, 0):
             raise MaterializeError(f"node {name}: per-channel weight scales on axis {axis}; "
                                    "the lowering takes axis 0 only")
-        if per_channel and w.shape[0] != self._out_channels(op):
+        if per_channel and w.shape[0] != self._out_channels(op, facts):
             raise MaterializeError(
-                f"node {name}: weight {tuple(w.shape)} does not have the {self._out_channels(op)} "
+                f"node {name}: weight {tuple(w.shape)} does not have the {self._out_channels(op, facts)} "
                 "output channels on axis 0")
         if per_channel:
             ct = DEFAULT_CODEC.learn_weight(w, axis=0)
@@ -354,6 +352,7 @@ class _Materializer:
               meta_from: torch.fx.Node) -> torch.fx.Node:
         with self.fx.inserting_after(after):
             node = self.fx.call_function(target, args)
+        self.constants.note(node)
         node.meta["val"] = val
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in meta_from.meta:
@@ -370,11 +369,7 @@ class _Materializer:
         return self._last_placeholder() if node.op == "placeholder" else node
 
     def _last_placeholder(self) -> torch.fx.Node:
-        last = None
-        for n in self.fx.nodes:
-            if n.op != "placeholder":
-                break
-            last = n
+        last = self.constants.last_placeholder
         assert last is not None
         return last
 
@@ -384,10 +379,10 @@ class _Materializer:
             raise MaterializeError(f"in-port {self.g.in_port_label(port)}: no FX location")
         return use
 
-    def _out_channels(self, op: int) -> int:
-        # NCHW conv output / (..., features) linear output
+    def _out_channels(self, op: int, facts: OpFacts) -> int:
+        # the table row's fact: NCHW conv output (axis 1), (..., features) linear output (-1)
         shape = self.g.val_shape[self.g.op_out[op][0]]
-        return shape[1] if self.g.op_target[op] == "aten.convolution.default" else shape[-1]
+        return shape[facts.out_channel_axis if facts.out_channel_axis is not None else -1]
 
     def _port_by_arg(self, op: int, arg: str) -> int | None:
         return next((p for p in self.g.op_in[op] if self.g.in_arg[p] == arg), None)
@@ -408,8 +403,13 @@ class _Materializer:
         return t
 
     def _evaluate(self, node: torch.fx.Node) -> torch.Tensor:
-        if node.op in ("placeholder", "get_attr"):
-            t = get_param_tensor(self.ep, node)
+        if node.op == "get_attr":
+            t = getattr(self.gm, str(node.target), None)
+            if t is None:
+                raise MaterializeError(f"constant {node.name}: no tensor in the program")
+            return t.detach()
+        if node.op == "placeholder":
+            t = self.constants.tensor(node)
             if t is None:
                 raise MaterializeError(f"constant {node.name}: no tensor in the program")
             self._read_constants.append(node)
@@ -424,14 +424,7 @@ class _Materializer:
         raise MaterializeError(f"constant {node.name}: cannot evaluate a {node.op} node offline")
 
     def _new_constant(self, name: str, data: torch.Tensor) -> torch.fx.Node:
-        # create_constant_placeholder requires constants before the user inputs
-        user_inputs = set(self.ep.graph_signature.user_inputs)
-        first_input = next((n for n in self.fx.nodes if n.op == "placeholder" and n.name in user_inputs), None)
-        ctx = self.fx.inserting_before(first_input) if first_input is not None else \
-            self.fx.inserting_after(self._last_placeholder())
-        with ctx:
-            return create_constant_placeholder(self.ep, self.fx, _unique(self.fx, name),
-                                               InputKind.CONSTANT_TENSOR, data)
+        return self.constants.add(name, data)
 
     # ---- clean-up ---------------------------------------------------------
     def clean_up(self) -> None:
@@ -440,20 +433,19 @@ class _Materializer:
         for node in dict.fromkeys(self._read_constants):
             if node.op == "placeholder" and not node.users:
                 self.stats.removed_constants.append(node.name)
-                delete_constant_placeholder(self.ep, node)
-        self._update_output_specs()
+                self.constants.remove(node)
+        self.constants.commit(self._output_specs())
         self.fx.lint()
         self.gm.recompile()
 
-    def _update_output_specs(self) -> None:
-        sig = self.ep.graph_signature
+    def _output_specs(self) -> list[OutputSpec]:
         returned = list(self.fx.output_node().args[0])
         specs = []
-        for spec, node in zip(sig.output_specs, returned):
+        for spec, node in zip(self.ep.graph_signature.output_specs, returned):
             if isinstance(spec.arg, TensorArgument) and isinstance(node, torch.fx.Node):
                 spec = OutputSpec(spec.kind, TensorArgument(node.name), spec.target)
             specs.append(spec)
-        self.ep._graph_signature = ExportGraphSignature(sig.input_specs, specs)
+        return specs
 
 
 def _check_thetas(graph: PortGraph, ins: list[PortCodec | None], outs: list[PortCodec | None]) -> None:
@@ -485,13 +477,3 @@ def _quantize_symmetric(w: torch.Tensor, ct: ChannelTheta) -> torch.Tensor:
     scales = ct.scales if len(ct.scales) == w.shape[0] else ct.scales.expand(w.shape[0])
     shape = [-1] + [1] * (w.dim() - 1)
     return torch.clamp(torch.round(w / scales.reshape(shape)), ct.qmin, ct.qmax).to(ct.dtype)
-
-
-def _unique(graph: torch.fx.Graph, name: str) -> str:
-    names = {n.name for n in graph.nodes}
-    if name not in names:
-        return name
-    i = 1
-    while f"{name}_{i}" in names:
-        i += 1
-    return f"{name}_{i}"

@@ -16,6 +16,8 @@ serve (docs/DESIGN.md, "Operator facts"):
 
 * `weight_axis`: the axis of the per-channel weight scales (None: one scale
   per tensor, as Arm's MATMUL rescale needs);
+* `out_channel_axis`: the axis of the output that those channels are (a
+  convolution's 1, a linear's last), which the weight's channel count must match;
 * `bias`, `bias_scale_of`: the argument stored as int32 codes at scale
   ``s(bias_scale_of) * s(weight)``, and the activation argument that is;
 * `int8_lowering`: why Arm's TOSA lowering cannot take the operator with
@@ -62,8 +64,8 @@ from codec_tosa.commutation.policy import PolicyOrder
 OUT = "out"
 
 
-_FACT_KEYS = ("weight_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if", "accumulates",
-              "fuses_activation", "int8_kernels")
+_FACT_KEYS = ("weight_axis", "out_channel_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if",
+              "accumulates", "fuses_activation", "int8_kernels")
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class Row:
     weights: tuple[str, ...] = ()
     # operator facts (see the module docstring)
     weight_axis: int | None = None
+    out_channel_axis: int | None = None
     bias: str | None = None
     bias_scale_of: str | None = None
     int8_lowering: str | None = None
@@ -150,6 +153,7 @@ class Row:
             "blocks": [list(b) for b in self.blocks],
             "weights": list(self.weights),
             "weight_axis": self.weight_axis,
+            "out_channel_axis": self.out_channel_axis,
             "bias": self.bias,
             "bias_scale_of": self.bias_scale_of,
             "int8_lowering": self.int8_lowering,
@@ -173,6 +177,7 @@ class Row:
             blocks=tuple(tuple(b) for b in d.get("blocks", ())),
             weights=tuple(d.get("weights", ())),
             weight_axis=d.get("weight_axis", base.weight_axis),
+            out_channel_axis=d.get("out_channel_axis", base.out_channel_axis),
             bias=d.get("bias", base.bias),
             bias_scale_of=d.get("bias_scale_of", base.bias_scale_of),
             int8_lowering=d.get("int8_lowering", base.int8_lowering),
@@ -327,14 +332,14 @@ def _operator_rows() -> list[Row]:
         # conv and linear weights: per output channel (axis 0), which Arm's
         # RewriteConvPass / DecomposeLinearPass turn into per-channel RESCALEs;
         # a transposed convolution keeps its output channels on axis 1
-        _compute("aten.convolution.default", ("input", "weight"), ("weight",), weight_axis=0,
+        _compute("aten.convolution.default", ("input", "weight"), ("weight",), weight_axis=0, out_channel_axis=1,
                  bias="bias", bias_scale_of="input", int8_refused_if=("transposed",), accumulates=True,
                  fuses_activation=True),
         # the spellings of the graph a PT2E quantizer annotates (before decomposition)
-        *(_compute(f"aten.{conv}.default", ("input", "weight"), ("weight",), weight_axis=0,
+        *(_compute(f"aten.{conv}.default", ("input", "weight"), ("weight",), weight_axis=0, out_channel_axis=1,
                    bias="bias", bias_scale_of="input", accumulates=True, fuses_activation=True)
           for conv in ("conv1d", "conv2d")),
-        _compute("aten.linear.default", ("input", "weight"), ("weight",), weight_axis=0,
+        _compute("aten.linear.default", ("input", "weight"), ("weight",), weight_axis=0, out_channel_axis=-1,
                  bias="bias", bias_scale_of="input", accumulates=True, fuses_activation=True),
         # matmul operands: one scale per tensor (Arm's MATMUL rescale reads no more)
         _compute("aten.addmm.default", ("mat1", "mat2"), ("mat1", "mat2"), int8_lowering=_ADDMM_INT8),

@@ -597,19 +597,92 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     return result
 
 
+def _delegate_checks(wirings: list[DelegateWiring], target: Target) -> dict[int, DelegateCheck]:
+    """One check per delegate, with the reason it cannot be held to the reference model (if any)."""
+    vgf = target.kind == "vgf"
+    # the runtime records what each call really read, so a CPU-fed delegate is
+    # compared too; the emulation layer sees only what the program hands it
+    return {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
+                                      (w.reason if vgf else None) or (
+                                          None if target.delegates[w.delegate].tosa is not None
+                                          else "an XNNPACK flatbuffer: no reference model runs it"
+                                          if target.kind == "xnnpack" else "its TOSA is not available"))
+            for w in wirings}
+
+
+def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pte: str) -> bool:
+    """Hold each recorded delegate call to the reference model; whether any ran."""
+    ran = False
+    for call in calls:
+        check = checks[call.delegate]
+        if check.reason is not None:
+            continue
+        try:
+            diffs = compare_call(call, pte)
+        except ReferenceModelError as e:
+            check.reason = str(e)
+            continue
+        ran = True
+        check.max_abs = [d if m is None else m if d is None else max(m, d) for m, d in zip(check.max_abs, diffs)]
+    return ran
+
+
+def _against_eager(o: OutputCheck, p: int, out: np.ndarray, case: InputSet) -> None:
+    """The output's SQNR against eager, and the planned FP32 program against eager."""
+    if case.eager is None:
+        return
+    if np.issubdtype(out.dtype, np.floating):
+        sq = sqnr_db(case.eager[p].reshape(out.shape), out)
+        if o.sqnr_db is None or sq < o.sqnr_db:
+            o.sqnr_db, o.sqnr_case = sq, case.label
+    if case.planned is not None:
+        e = case.eager[p].reshape(out.shape)
+        planned = max_difference(e, case.planned[p].reshape(out.shape))
+        tol = Z_RTOL * max(finite_span(e), 1e-12)
+        if o.planned_max_abs is None or planned / tol > o.planned_max_abs / (o.planned_tolerance or 1.0):
+            o.planned_max_abs, o.planned_tolerance, o.planned_case = planned, tol, case.label
+
+
+def _against_expected(o: OutputCheck, p: int, out: np.ndarray, expected: np.ndarray, case: InputSet,
+                      reference: bool, steps: list[float], worst_ratio: list[float]) -> None:
+    """Hold output `p` to its criterion: eager to 1e-4 relative (reference), or the
+    simulation to one step beyond what the case's ambiguous codes may move it."""
+    e = expected.reshape(out.shape)
+    diff = max_difference(e, out)
+    allowance = None if reference or case.allowance is None else case.allowance[p].reshape(out.shape)
+    # each element's distance beyond how far the ambiguous codes move it
+    beyond = diff if allowance is None or not e.size else float(np.max(
+        np.where(np.isfinite(e), np.abs(e.astype(np.float64) - out.astype(np.float64)), 0.0)
+        - allowance))
+    span = finite_span(e)
+    if reference or not np.issubdtype(out.dtype, np.floating):
+        tol = Z_RTOL * max(span, 1e-12)
+    else:
+        step = steps[p] if p < len(steps) else (float(e.max() - e.min()) / 255.0 if e.size else 0.0)
+        o.step = step
+        # the FP32 operators between codecs are held to the policy-Z
+        # criterion (1e-4 relative), the codes to one step
+        tol = step + Z_RTOL * span
+    ratio = beyond / tol if tol > 0 else (0.0 if beyond <= 0 else math.inf)
+    if diff > tol >= beyond and not case.envelope_complete:
+        o.needs_incomplete_envelope = True
+    if beyond > tol and not case.envelope_complete and allowance is not None:
+        # the allowance is a lower bound here: not evidence of a wrong artefact
+        o.undecided_steps = max(o.undecided_steps, beyond / (o.step or tol))
+        return
+    if ratio > worst_ratio[p]:
+        worst_ratio[p] = ratio
+        o.vs_expected_max_abs, o.tolerance, o.worst_case = diff, tol, case.label
+        if allowance is not None:
+            o.beyond_allowance = beyond
+            o.allowance = float(allowance.max()) if allowance.size else 0.0
+
+
 def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _Runner,
             wirings: list[DelegateWiring], target: Target, n_out: int) -> Validation:
     """Run every input set; hold each delegate call to the reference model, the
     planned FP32 program to eager, and each program output to its plan's criterion."""
-    vgf = target.kind == "vgf"
-    # the runtime records what each call really read, so a CPU-fed delegate is
-    # compared too; the emulation layer sees only what the program hands it
-    checks = {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
-                                        (w.reason if vgf else None) or (
-                                            None if target.delegates[w.delegate].tosa is not None
-                                            else "an XNNPACK flatbuffer: no reference model runs it"
-                                            if target.kind == "xnnpack" else "its TOSA is not available"))
-              for w in wirings}
+    checks = _delegate_checks(wirings, target)
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
     reference = target.reference
@@ -624,67 +697,16 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     ran = False
     for case in cases:
         outs, calls = runner.run(case)
-        for call in calls:
-            check = checks[call.delegate]
-            if check.reason is not None:
-                continue
-            try:
-                diffs = compare_call(call, pte)
-            except ReferenceModelError as e:
-                check.reason = str(e)
-                continue
-            ran = True
-            check.max_abs = [d if m is None else m if d is None else max(m, d)
-                             for m, d in zip(check.max_abs, diffs)]
+        ran = _check_calls(checks, calls, pte) or ran
         expected = expected_of(case)
         for p, out in enumerate(outs):
             o = result_outputs[p]
             if out is None:
                 o.computed = False
                 continue
-            floating = np.issubdtype(out.dtype, np.floating)
-            if case.eager is not None and floating:
-                sq = sqnr_db(case.eager[p].reshape(out.shape), out)
-                if o.sqnr_db is None or sq < o.sqnr_db:
-                    o.sqnr_db, o.sqnr_case = sq, case.label
-            if case.eager is not None and case.planned is not None:
-                e = case.eager[p].reshape(out.shape)
-                planned = max_difference(e, case.planned[p].reshape(out.shape))
-                tol = Z_RTOL * max(finite_span(e), 1e-12)
-                if o.planned_max_abs is None or planned / tol > o.planned_max_abs / (o.planned_tolerance or 1.0):
-                    o.planned_max_abs, o.planned_tolerance, o.planned_case = planned, tol, case.label
-            if expected is None:
-                continue
-            e = expected[p].reshape(out.shape)
-            diff = max_difference(e, out)
-            allowance = None if reference or case.allowance is None else case.allowance[p].reshape(out.shape)
-            # each element's distance beyond how far the ambiguous codes move it
-            beyond = diff if allowance is None or not e.size else float(np.max(
-                np.where(np.isfinite(e), np.abs(e.astype(np.float64) - out.astype(np.float64)), 0.0)
-                - allowance))
-            span = finite_span(e)
-            if reference or not floating:
-                tol = Z_RTOL * max(span, 1e-12)
-            else:
-                step = steps[p] if p < len(steps) else (
-                    float(e.max() - e.min()) / 255.0 if e.size else 0.0)
-                o.step = step
-                # the FP32 operators between codecs are held to the policy-Z
-                # criterion (1e-4 relative), the codes to one step
-                tol = step + Z_RTOL * span
-            ratio = beyond / tol if tol > 0 else (0.0 if beyond <= 0 else math.inf)
-            if diff > tol >= beyond and not case.envelope_complete:
-                o.needs_incomplete_envelope = True
-            if beyond > tol and not case.envelope_complete and allowance is not None:
-                # the allowance is a lower bound here: not evidence of a wrong artefact
-                o.undecided_steps = max(o.undecided_steps, beyond / (o.step or tol))
-                continue
-            if ratio > worst_ratio[p]:
-                worst_ratio[p] = ratio
-                o.vs_expected_max_abs, o.tolerance, o.worst_case = diff, tol, case.label
-                if allowance is not None:
-                    o.beyond_allowance = beyond
-                    o.allowance = float(allowance.max()) if allowance.size else 0.0
+            _against_eager(o, p, out, case)
+            if expected is not None:
+                _against_expected(o, p, out, expected[p], case, reference, steps, worst_ratio)
     for p, o in enumerate(result_outputs):
         if p in source:
             m = checks[source[p][0]].max_abs[source[p][1]]

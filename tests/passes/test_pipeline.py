@@ -1,0 +1,104 @@
+"""The declared pass order (`codec_tosa._passes.PIPELINE`) is the order compiles run our passes in."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import CodeType
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+import small_models
+from codec_tosa import _passes
+from codec_tosa._passes import PIPELINE, Stage
+from codec_tosa.arm_pipeline import CodecArmPassManager
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.compiler import lower_program
+
+
+def _entry_code(module: str, function: str) -> CodeType:
+    obj = getattr(importlib.import_module(f"codec_tosa._passes.{module}"), function)
+    return (obj.__call__ if isinstance(obj, type) else obj).__code__
+
+
+def test_every_pass_module_is_declared_once() -> None:
+    modules = {p.stem for p in Path(_passes.__file__).parent.glob("*.py")} - {"__init__"}
+    declared = [e.module for e in PIPELINE]
+    assert sorted(declared) == sorted(set(declared))
+    assert modules == set(declared) | set(_passes.HELPERS)
+    for e in PIPELINE:
+        _entry_code(e.module, e.function)  # the entry point exists
+    stages = [list(Stage).index(e.stage) for e in PIPELINE]
+    assert stages == sorted(stages), "PIPELINE lists the stages in flow order"
+
+
+def _run_recorded(compile_: Callable[[], Any]) -> list[str]:
+    """Which of our passes `compile_` calls, in call order (repeats collapsed)."""
+    codes = {_entry_code(e.module, e.function): e.module for e in PIPELINE}
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            name = codes[frame.f_code]
+            if not calls or calls[-1] != name:
+                calls.append(name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        compile_()
+    finally:
+        sys.setprofile(previous)
+    return calls
+
+
+def _in_declared_order(calls: list[str]) -> None:
+    order = {e.module: i for i, e in enumerate(PIPELINE)}
+    first = list(dict.fromkeys(calls))
+    assert [order[c] for c in first] == sorted(order[c] for c in first), first
+    requires = {e.module: e.requires for e in PIPELINE}
+    for i, c in enumerate(first):
+        missing = [r for r in requires[c] if r in order and r not in first[:i]]
+        assert not missing, f"{c} ran before {missing}"
+
+
+def test_a_mixed_policy_compile_runs_its_passes_in_the_declared_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Policy W through the partitioner: batch norms folded, the plan materialised, the
+    codecs lowered and permutes moved inside Arm's pipeline, CONST_SHAPEs merged
+    after it; and Arm's pass list has our passes right before their anchors."""
+    pass_lists: list[list[type]] = []
+    apply = CodecArmPassManager._apply_pass_insertions
+
+    def kept(self: Any) -> None:
+        apply(self)
+        pass_lists.append([type(p) for p in self.passes])
+
+    monkeypatch.setattr(CodecArmPassManager, "_apply_pass_insertions", kept)
+    model, x = small_models.conv_bn_relu6()
+    calls = _run_recorded(lambda: lower_program(torch.export.export(model, x), CodecSpec(policy="W"),
+                                                small_models.calibration(x)))
+    _in_declared_order(calls)
+    assert calls == ["fold_batch_norm", "materialize_codecs", "lower_codecs", "permutes_onto_codes",
+                     "const_shape_dedup"]
+
+    assert pass_lists
+    for entry in (e for e in PIPELINE if e.stage is Stage.ARM_PIPELINE):
+        for passes in pass_lists:
+            names = [t.__name__ for t in passes]
+            at = names.index(entry.function)
+            assert entry.anchor in [t.__name__ for t in passes[at + 1].__mro__], (entry.function, names[at + 1])
+
+
+def test_an_integer_compile_runs_its_passes_in_the_declared_order() -> None:
+    """Policy I through CodecQuantizer: the annotation-stage rewrites first; no plan to
+    materialise or lower (Arm folds the quantizer's q/dq itself)."""
+    model, x = small_models.conv_cat_reshape()
+    calls = _run_recorded(lambda: lower_program(torch.export.export(model, x), CodecSpec(policy="I"),
+                                                small_models.calibration(x)))
+    _in_declared_order(calls)
+    assert calls[:2] == ["mean_to_avg_pool", "shape_reads_to_full"]
+    assert "materialize_codecs" not in calls and "lower_codecs" not in calls
