@@ -4,7 +4,8 @@ Each symbol is checked at import; these tests check that the check fails as it
 should (one line, the version, the symbol), and that each hook still changes
 what it is there to change, so that an upgrade which makes one obsolete or
 breaks one is noticed. The other hooks' upstream-behaviour tests live with the
-behaviour: tests/fuzz/test_fuzz.py (cat([a, a]), a batch norm of a batch norm),
+behaviour: tests/fuzz/test_fuzz.py (cat([a, a]); a batch norm of a batch norm, which
+our BatchNormConvolutionsPass, inserted through Arm's pass manager, now handles),
 tests/passes/test_permutes_onto_codes.py (permutes crossing codecs),
 tests/runtime/test_vgf.py (VgfBackend's TOSA step, `vgf_compile`),
 tests/tools/test_integer_policies.py (`vela_compile`) and tests/serialization/test_golden.py
@@ -40,17 +41,17 @@ def test_a_changed_private_symbol_fails_in_one_line(monkeypatch: pytest.MonkeyPa
     """A symbol with other parameters, or none at all: one line naming executorch's
     version, the symbol and what it is used for."""
     from executorch.backends.arm import process_node
-    from executorch.backends.arm._passes import fuse_batch_norm2d_pass
+    from executorch.backends.arm.vgf import backend as vgf_backend
 
     arm_private.check()  # as pinned
-    monkeypatch.setattr(fuse_batch_norm2d_pass, "create_node", lambda graph, target: None)
+    monkeypatch.setattr(vgf_backend, "vgf_compile", lambda tosa, flags: None)
     with pytest.raises(arm_private.ArmPrivateMismatch) as changed:
         arm_private.check()
     message = str(changed.value)
     assert "\n" not in message
     assert f"executorch {arm_private.executorch_version()}" in message
-    assert "fuse_batch_norm2d_pass.create_node takes (graph, target), expected (graph, op_target," in message
-    assert "batch norm" in message  # what it is for
+    assert "vgf.backend.vgf_compile takes (tosa, flags), expected (tosa_flatbuffer, compile_flags," in message
+    assert "VGF payload" in message  # what it is for
 
     monkeypatch.undo()
     monkeypatch.delattr(process_node, "_add_const")

@@ -100,7 +100,6 @@ def lower_into(
     with ExitStack() as patches:
         patches.enter_context(arm_private.pass_manager_handed_in(CodecArmPassManager.configured(options)))
         patches.enter_context(arm_private.graph_owned_constants_marked())
-        patches.enter_context(arm_private.batch_norm_convolutions_typed())
         TOSABackend._preprocess_module(
             edge_program.graph_module, edge_program, compile_spec, serializer, debug_hook
         )

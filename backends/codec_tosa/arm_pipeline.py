@@ -4,7 +4,8 @@
 manager offers subclasses in executorch 1.5.1:
 
 - `_configure_pass_insertions` (documented "Subclasses can override this")
-  with `insert_passes_before`: `LowerCodecsPass` right before Arm's
+  with `insert_passes_before`: `BatchNormConvolutionsPass` right before Arm's
+  `FuseBatchNorm2dPass`, `LowerCodecsPass` right before its
   `DecomposeQuantNodesPass`, `PermutesOntoCodesPass` right before the
   layout-to-smaller-dtype move;
 - `add_pass`: three of Arm's passes are given codec_tosa's answers to their
@@ -26,6 +27,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from executorch.backends.arm._passes import ArmPassManager
 from executorch.backends.arm._passes.decompose_quant_nodes import DecomposeQuantNodesPass
+from executorch.backends.arm._passes.fuse_batch_norm2d_pass import FuseBatchNorm2dPass
 from executorch.backends.arm._passes.move_data_movement_ops_to_smaller_dtype_pass import (
     MoveDataMovementOpsToSmallerDtypePass,
 )
@@ -44,6 +46,7 @@ from executorch.exir.pass_base import ExportPass
 from torch.export import ExportedProgram
 
 from codec_tosa import arm_private  # noqa: F401  (checks the private symbols below at import)
+from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
 from codec_tosa._passes.const_shape_dedup import dedup_const_shapes
 from codec_tosa._passes.lower_codecs import CODEC_META_KEY, CodecOps, LowerCodecsPass
 from codec_tosa._passes.permutes_onto_codes import PermutesOntoCodesPass
@@ -192,6 +195,8 @@ class CodecArmPassManager(ArmPassManager):
 
     def _configure_pass_insertions(self, exported_program: ExportedProgram) -> None:
         super()._configure_pass_insertions(exported_program)
+        # every batch norm gets a convolution of its own, typed (executorch 1.5.1's is not)
+        self.insert_passes_before(FuseBatchNorm2dPass, [BatchNormConvolutionsPass(exported_program)])
         if self.options.lower_codecs:
             # after FoldAndAnnotateQParamsPass has folded every q/dq around an INT8
             # operator into it: what is left are the plan's encodes, decodes, transcodes

@@ -81,10 +81,6 @@ PRIVATE_SYMBOLS: tuple[PrivateSymbol, ...] = (
                   ("self", "data_movement", "rescale", "smaller_side"),
                   "an encode's CAST is not a layout operator to move across its RESCALE"),
     # globals replaced for one call (the context managers below)
-    PrivateSymbol(f"{_PASSES}.fuse_batch_norm2d_pass", "create_node",
-                  ("graph", "op_target", "args", "kwargs", "quantize", "q_params", "from_node",
-                   "inherit_qparams"),
-                  "executorch 1.5.1 fails on a batch norm of a lone batch norm (no meta['val'])"),
     PrivateSymbol("executorch.backends.arm.process_node", "_add_const",
                   ("tosa_graph", "values", "tosa_arg", "name"),
                   "Arm's graph-owned constants are not pooled (serialization/pooled.py)"),
@@ -212,41 +208,6 @@ def graph_owned_constants_marked() -> Iterator[None]:
     with patched(process_node, "_add_const", owned_add_const), patched(
         TosaConstShapeVisitor, "define_node", owned_const_shape
     ):
-        yield
-
-
-@contextmanager
-def batch_norm_convolutions_typed() -> Iterator[None]:
-    """Work around an executorch 1.5.1 bug that fails on a batch norm of a batch norm.
-
-    `FuseBatchNorm2dPass` gives a batch norm with no convolution of its own a
-    new 1x1 depthwise one (`create_node`, no `meta["val"]`) and rewires the
-    norm's readers to it; a second batch norm reading it then asks for its
-    dtype (`KeyError: 'val'`; found by the long fuzz profile, stock
-    TOSAPartitioner + TOSABackend fails the same way). That convolution has
-    its input's shape and dtype, so it gets its input's `val`. Only a node
-    that would otherwise have no `val` gets one; Arm re-traces after the pass.
-    `create_node` is a module global the pass calls inside its `call`, so no
-    subclass of the pass can reach it.
-    """
-    import torch
-    from executorch.backends.arm._passes import fuse_batch_norm2d_pass as fuse_bn
-    from executorch.exir.dialects._ops import ops as exir_ops
-
-    create_node = fuse_bn.create_node
-    convolution = exir_ops.edge.aten.convolution.default
-
-    @functools.wraps(create_node)
-    def typed_create_node(graph: Any, op_target: Any, args: tuple[Any, ...] = (), *rest: Any,
-                          **kwargs: Any) -> Any:
-        node = create_node(graph, op_target, args, *rest, **kwargs)
-        source = args[0] if args else None
-        val = getattr(source, "meta", {}).get("val")
-        if op_target == convolution and "val" not in node.meta and isinstance(val, torch.Tensor):
-            node.meta["val"] = val
-        return node
-
-    with patched(fuse_bn, "create_node", typed_create_node):
         yield
 
 

@@ -17,7 +17,6 @@ examples in all, randomly.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -28,8 +27,9 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from torch.fx.passes.infra.pass_base import PassResult
 
-from codec_tosa import arm_private
+from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
 from codec_tosa.arm_pipeline import CodecPermuteUpPass
 from codec_tosa.analysis import analyze, port_graph
 from codec_tosa.commutation.policy import INTEGER_POLICY
@@ -260,14 +260,14 @@ BN_OF_BN = Recipe(inputs=((1, 2, 4, 4),), steps=(
 def test_batch_norm_of_a_lone_batch_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by the long fuzz profile at V: executorch 1.5.1's FuseBatchNorm2dPass gives
     a lone batch norm a new convolution without meta["val"], and a batch norm reading
-    it fails (KeyError: 'val'). arm_private types that convolution; the program
+    it fails (KeyError: 'val'). BatchNormConvolutionsPass gives each lone batch norm a typed one first; the program
     compiles to one delegate and validates."""
     model, inputs = build(BN_OF_BN)
     v = compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "typed", str(BN_OF_BN))
     assert v is not None and v.verdict is Verdict.PASS and len(v.delegates) == 1
 
     # the upstream bug is still there (when this fails, the workaround can go)
-    monkeypatch.setattr(arm_private, "batch_norm_convolutions_typed", contextlib.nullcontext)
+    monkeypatch.setattr(BatchNormConvolutionsPass, "__call__", lambda self, gm: PassResult(gm, False))
     with pytest.raises(Exception) as failed:
         compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "untyped", str(BN_OF_BN))
     assert isinstance(_root_cause(failed.value), KeyError) and "'val'" in str(_root_cause(failed.value))

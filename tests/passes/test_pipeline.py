@@ -68,7 +68,7 @@ def _in_declared_order(calls: list[str]) -> None:
 def test_a_mixed_policy_compile_runs_its_passes_in_the_declared_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Policy W through the partitioner: batch norms folded, the plan materialised, the
-    codecs lowered and permutes moved inside Arm's pipeline, CONST_SHAPEs merged
+    codecs lowered, lone batch norms given a convolution and permutes moved inside Arm's pipeline, CONST_SHAPEs merged
     after it; and Arm's pass list has our passes right before their anchors."""
     pass_lists: list[list[type]] = []
     apply = CodecArmPassManager._apply_pass_insertions
@@ -82,8 +82,8 @@ def test_a_mixed_policy_compile_runs_its_passes_in_the_declared_order(
     calls = _run_recorded(lambda: lower_program(torch.export.export(model, x), CodecSpec(policy="W"),
                                                 small_models.calibration(x)))
     _in_declared_order(calls)
-    assert calls == ["fold_batch_norm", "materialize_codecs", "lower_codecs", "permutes_onto_codes",
-                     "const_shape_dedup"]
+    assert calls == ["fold_batch_norm", "materialize_codecs", "lower_codecs", "batch_norm_convolutions",
+                     "permutes_onto_codes", "const_shape_dedup"]
 
     assert pass_lists
     for entry in (e for e in PIPELINE if e.stage is Stage.ARM_PIPELINE):

@@ -45,6 +45,8 @@ PIPELINE: tuple[PassEntry, ...] = (
               ("the plan on node meta (planning.plan_program)",)),
     PassEntry("lower_codecs", "LowerCodecsPass", Stage.ARM_PIPELINE,
               ("materialize_codecs", "Arm: FoldAndAnnotateQParamsPass"), anchor="DecomposeQuantNodesPass"),
+    PassEntry("batch_norm_convolutions", "BatchNormConvolutionsPass", Stage.ARM_PIPELINE, (),
+              anchor="FuseBatchNorm2dPass"),
     PassEntry("permutes_onto_codes", "PermutesOntoCodesPass", Stage.ARM_PIPELINE,
               ("lower_codecs", "Arm: PropagateViewCopyPermuteUpPass"),
               anchor="MoveDataMovementOpsToSmallerDtypePass"),
