@@ -124,7 +124,7 @@ def measure_stock(model: str, mode: str, check: bool) -> Row:
         delegates=len(partitions),
         before=_total(before),
         after=_total(after),
-        stock_seconds=sum(p.seconds for p in partitions),
+        stock_seconds=sum(p.seconds() for p in partitions),
         pooled_seconds=pooled_seconds,
         pooling=_merge_pooling(pooling),
         bit_identical=identical,

@@ -89,8 +89,7 @@ PRIVATE_SYMBOLS: tuple[PrivateSymbol, ...] = (
                   "a CONST_SHAPE is referred to by FX name, so it is graph-owned"),
     PrivateSymbol("executorch.backends.arm.tosa.backend", "TOSABackend._preprocess",
                   ("edge_program", "compile_spec"),
-                  "the stock baseline keeps what Arm's backend received and made (codec_tosa.stock); "
-                  "VgfBackend's TOSA step runs ours for a planned partition"),
+                  "VgfBackend's TOSA step runs ours for a planned partition, Arm's for any other"),
     PrivateSymbol("executorch.backends.arm.vgf.backend", "TOSABackend", None,
                   "VgfBackend reaches its TOSA step through this module global"),
     PrivateSymbol("executorch.backends.arm.vgf.backend", "vgf_compile",
@@ -208,20 +207,6 @@ def graph_owned_constants_marked() -> Iterator[None]:
     with patched(process_node, "_add_const", owned_add_const), patched(
         TosaConstShapeVisitor, "define_node", owned_const_shape
     ):
-        yield
-
-
-@contextmanager
-def preprocess_observed(observe: Callable[[ExportedProgram, Any, Callable[[], Any]], Any]) -> Iterator[None]:
-    """While active, Arm's `TOSABackend._preprocess(edge_program, compile_spec)` runs as
-    `observe(edge_program, compile_spec, run)`, `run()` being Arm's own call
-    (the stock baselines keep what Arm's backend received and made)."""
-    preprocess = vars(TOSABackend)["_preprocess"].__func__
-
-    def observed(edge_program: ExportedProgram, compile_spec: Any) -> Any:
-        return observe(edge_program, compile_spec, lambda: preprocess(edge_program, compile_spec))
-
-    with patched(TOSABackend, "_preprocess", staticmethod(observed)):
         yield
 
 

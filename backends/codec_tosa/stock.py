@@ -1,9 +1,7 @@
 """Stock Arm, for comparison: what Arm's own flow makes of a model.
 
 Tests and benchmarks put codec_tosa beside these; nothing in the compile path
-uses them. They call only Arm's public API, except that `stock_partitions`
-observes Arm's TOSA backend (`arm_private.preprocess_observed`) to keep the
-program each delegate received.
+uses them. They use only Arm's and ExecuTorch's public API.
 """
 
 from __future__ import annotations
@@ -11,12 +9,11 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
 from torch.export import ExportedProgram
 
-from codec_tosa import arm_private
 from codec_tosa.arm_adapter import stock_partitioner
 
 
@@ -24,9 +21,21 @@ from codec_tosa.arm_adapter import stock_partitioner
 class StockPartition:
     """One delegate as stock Arm lowers it."""
 
-    program: ExportedProgram  # copy of what TOSABackend received (lower a further copy)
+    program: ExportedProgram  # what TOSABackend received (lower a copy: lowering mutates it)
     tosa_bytes: bytes  # stock TOSABackend output
-    seconds: float  # stock TOSABackend._preprocess wall time
+    compile_specs: tuple[Any, ...]
+
+    def seconds(self) -> float:
+        """Wall time of stock `TOSABackend.preprocess` on (a copy of) this partition,
+        run again; the bytes must come out the same."""
+        from executorch.backends.arm.tosa.backend import TOSABackend
+
+        program = copy.deepcopy(self.program)
+        started = time.perf_counter()
+        again = TOSABackend.preprocess(program, list(self.compile_specs)).processed_bytes
+        seconds = time.perf_counter() - started
+        assert bytes(again) == self.tosa_bytes, "stock TOSABackend is not deterministic here"
+        return seconds
 
 
 def stock_partitions(
@@ -34,23 +43,17 @@ def stock_partitions(
 ) -> list[StockPartition]:
     """Lower with Arm's partitioner and backend; return each delegate's input and output.
 
-    Gives exactly the programs a backend sees, without the codec_tosa backend.
-    `lower_into` mutates its program, so lower a `copy.deepcopy` of `.program`.
+    Read from ExecuTorch's lowered modules (`original_module`, the program the
+    backend was handed a copy of, and `processed_bytes`), so only public API is
+    used. `lower_into` mutates its program, so lower a `copy.deepcopy` of `.program`.
     """
     from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    captured: list[StockPartition] = []
-
-    def keep(edge_program: ExportedProgram, spec: TosaCompileSpec, run: Callable[[], Any]) -> Any:
-        program = copy.deepcopy(edge_program)
-        started = time.perf_counter()
-        result = run()
-        captured.append(StockPartition(program, bytes(result.processed_bytes), time.perf_counter() - started))
-        return result
-
-    with arm_private.preprocess_observed(keep):
-        to_edge_transform_and_lower(exported_program, partitioner=[stock_partitioner(compile_spec)])
-    return captured
+    edge = to_edge_transform_and_lower(exported_program, partitioner=[stock_partitioner(compile_spec)])
+    lowered = [m for _, m in edge.exported_program().graph_module.named_children()
+               if isinstance(m, LoweredBackendModule)]
+    return [StockPartition(m.original_module, bytes(m.processed_bytes), tuple(m.compile_specs)) for m in lowered]
 
 
 def stock_int8_program(
