@@ -152,14 +152,6 @@ def timed_lower(program: ExportedProgram, partitioner: Any) -> Lowering:
     return Lowering(edge, bytes(pte), lowering, time.perf_counter() - t)
 
 
-def lowered_modules(edge: Any) -> list[Any]:
-    """The LoweredBackendModules (delegates) of the lowered edge program, in graph order."""
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
-
-    gm = edge.exported_program().graph_module
-    return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
-
-
 def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
                    compile_spec: Any, quantizer_class: type | None = None
                    ) -> tuple[torch.nn.Module, ExportedProgram, float]:
@@ -277,12 +269,13 @@ def fallback_steps(eager: list[torch.Tensor], scales: Sequence[float | None]) ->
 
 def payload_row(model: str, config: str, tosa: str, edge: Any) -> Row:
     """TOSA counts of all delegate payloads of `edge` (summed), timings left at 0."""
+    from codec_tosa import stock
     from codec_tosa.serialization.tosa_stats import tosa_stats
 
     by_type: dict[str, int] = {}
     by_op: dict[str, int] = {}
     row = Row(model, config, tosa, 0, 0, 0, 0, 0)
-    for lowered in lowered_modules(edge):
+    for lowered in stock.lowered_modules(edge):
         stats = tosa_stats(bytes(lowered.processed_bytes))
         row.delegates += 1
         row.operators += stats.operators

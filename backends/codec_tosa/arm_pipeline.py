@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
-from executorch.backends.arm._passes import ArmPassManager
+
+# first: it checks every private symbol below, so a changed executorch fails in one line
+from codec_tosa import arm_private  # noqa: F401,I001
+
+from executorch.backends.arm._passes import ArmPassManager  # noqa: E402
 from executorch.backends.arm._passes.decompose_quant_nodes import DecomposeQuantNodesPass
 from executorch.backends.arm._passes.fuse_batch_norm2d_pass import FuseBatchNorm2dPass
 from executorch.backends.arm._passes.move_data_movement_ops_to_smaller_dtype_pass import (
@@ -45,7 +49,6 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass
 from torch.export import ExportedProgram
 
-from codec_tosa import arm_private  # noqa: F401  (checks the private symbols below at import)
 from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
 from codec_tosa._passes.const_shape_dedup import dedup_const_shapes
 from codec_tosa._passes.lower_codecs import CODEC_META_KEY, CodecOps, LowerCodecsPass

@@ -63,6 +63,20 @@ PRIVATE_SYMBOLS: tuple[PrivateSymbol, ...] = (
                   "lower_into runs Arm's pipeline and visitors into a serializer of ours"),
     PrivateSymbol(_PASSES, "ArmPassManager", None,
                   "looked up by TOSABackend._preprocess_module at call time: where ours is handed in"),
+    PrivateSymbol(_PASSES, "ArmPassManager._configure_pass_insertions", ("self", "exported_program"),
+                  "documented for subclasses: where arm_pipeline inserts our passes"),
+    # Arm's passes arm_pipeline subclasses or inserts before (private modules)
+    PrivateSymbol(f"{_PASSES}.decompose_quant_nodes", "DecomposeQuantNodesPass", None,
+                  "LowerCodecsPass runs right before it"),
+    PrivateSymbol(f"{_PASSES}.fuse_batch_norm2d_pass", "FuseBatchNorm2dPass", None,
+                  "BatchNormConvolutionsPass runs right before it"),
+    PrivateSymbol(f"{_PASSES}.propagate_view_copy_permute_pass", "PropagateViewCopyPermuteUpPass", None,
+                  "subclassed: permutes cross codec operators"),
+    PrivateSymbol(f"{_PASSES}.propagate_view_copy_permute_pass", "PropagateViewCopyPermuteDownPass", None,
+                  "subclassed: permutes cross codec operators"),
+    PrivateSymbol(f"{_PASSES}.remove_permutes_around_elementwise_tosa_ops",
+                  "RemovePermutesAroundElementwiseTosaOps.is_node_permutable", ("self", "node"),
+                  "subclassed: codec operators are permutable"),
     # private methods our pass subclasses override (arm_pipeline)
     PrivateSymbol(f"{_TRANSFORMS}.propagate_view_copy_permute_pass",
                   "PropagateViewCopyPermutePass._can_move_through_elementwise",
@@ -252,7 +266,6 @@ def vela_runs_kept(directory: str) -> Iterator[list[VelaRun]]:
 
     with patched(ethosu_backend, "vela_compile", kept):
         yield runs
-
 
 
 # --- VGF target (issue 15) ---------------------------------------------------

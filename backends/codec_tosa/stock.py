@@ -38,6 +38,14 @@ class StockPartition:
         return seconds
 
 
+def lowered_modules(edge: Any) -> list[Any]:
+    """The LoweredBackendModules (delegates) of a lowered edge program, in graph order."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    gm = edge.exported_program().graph_module
+    return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
+
+
 def stock_partitions(
     exported_program: ExportedProgram, compile_spec: TosaCompileSpec
 ) -> list[StockPartition]:
@@ -48,12 +56,10 @@ def stock_partitions(
     used. `lower_into` mutates its program, so lower a `copy.deepcopy` of `.program`.
     """
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
 
     edge = to_edge_transform_and_lower(exported_program, partitioner=[stock_partitioner(compile_spec)])
-    lowered = [m for _, m in edge.exported_program().graph_module.named_children()
-               if isinstance(m, LoweredBackendModule)]
-    return [StockPartition(m.original_module, bytes(m.processed_bytes), tuple(m.compile_specs)) for m in lowered]
+    return [StockPartition(m.original_module, bytes(m.processed_bytes), tuple(m.compile_specs))
+            for m in lowered_modules(edge)]
 
 
 def stock_int8_program(

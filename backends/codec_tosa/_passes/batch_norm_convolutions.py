@@ -27,10 +27,12 @@ _CONVOLUTION = exir_ops.edge.aten.convolution.default
 
 
 class BatchNormConvolutionsPass:
-    """Called like a torch.fx pass: ``pass_(graph_module) -> PassResult``. Arm's pass
-    manager sets `exported_program` (the constants are parameters of it)."""
+    """Called like a torch.fx pass: ``pass_(graph_module) -> PassResult``. The new
+    weights are parameters of `exported_program`, as Arm's `FuseBatchNorm2dPass`
+    makes its own (constructed with the same program; Arm's pass manager points
+    both at its working copy before each call)."""
 
-    def __init__(self, exported_program: Any = None) -> None:
+    def __init__(self, exported_program: Any) -> None:
         self.exported_program = exported_program
 
     @property
@@ -38,8 +40,6 @@ class BatchNormConvolutionsPass:
         return type(self).__name__
 
     def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        if self.exported_program is None:
-            return PassResult(graph_module, False)  # a control-flow submodule: Arm's pass alone
         graph = graph_module.graph
         inserted = 0
         for bn in list(graph.nodes):
