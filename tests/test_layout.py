@@ -13,7 +13,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("units", "graph", "ops", "rescale", "progress", "pytrees", "vgf"),
     ("commutation", "codecs"),
     ("placement",),
-    ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec"),
+    ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec", "precision", "precision_search"),
     ("_passes",),
     ("analysis", "accounting", "serialization", "arm_private", "arm_pipeline", "arm_adapter", "int8_targets"),
     ("backend", "stock"),

@@ -14,7 +14,14 @@ the quantizer and the partitioner give the same codes:
   clips what it sees to that clamp's bounds: every tensor of the domain
   reaches its readers through the clamp, so the clipped data is the data the
   plan observes.
-* `WeightObserver`: symmetric INT8 per output channel (`Int8Affine.learn_weight`).
+  A domain at INT16 (`bits = 16`, docs/DESIGN.md, "Precision per domain") takes
+  the symmetric INT16 codec on the observed range: at 16 bits the histogram's
+  clipping would cut real values to save a step already 256 times finer.
+  `fake = True` turns the observer into the fake quantisation of its theta,
+  which is how the precision search evaluates a width assignment
+  (`precision_search`) on the calibrated module.
+* `WeightObserver`: symmetric INT8 per output channel (`Int8Affine.learn_weight`);
+  with `fake`, the weight's fake quantisation.
 * `bias_qparams`: an INT8 convolution's int32 bias codes at ``s_in * s_w[c]``.
 
 Scales are returned as float64 tensors: torchao's convert writes
@@ -32,6 +39,7 @@ from torchao.quantization.pt2e.observer import ObserverBase
 
 from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX, NO_FINITE_RANGE, finite_values
 from codec_tosa.codecs.base import Theta
+from codec_tosa.codecs.int16 import INT16_CODEC, QMAX16, QMIN16
 from codec_tosa.codecs.int8 import (
     DEFAULT_CODEC,
     EXACT_ZERO_POINT_CODEC,
@@ -54,25 +62,44 @@ class DomainObserver(ObserverBase):
     below stock INT8 with it, equal to the digit without)."""
 
     def __init__(self, dtype: torch.dtype = torch.int8, observer: str = MINMAX, symmetric: bool = False,
-                 clip: tuple[float, float] | None = None, label: str = "",
+                 clip: tuple[float, float] | None = None, label: str = "", bits: int = 8,
                  **_: Any) -> None:
         super().__init__(dtype=dtype)
         if observer not in (MINMAX, HISTOGRAM):
             raise ValueError(f"unknown observer {observer!r}")
-        self.qscheme = torch.per_tensor_affine
-        self.quant_min, self.quant_max = QMIN, QMAX
         self.observer = observer
         self.symmetric = symmetric
         self.clip = clip
         self.label = label  # the domain and its dominator, for error messages
         self.only_nonfinite = False  # saw a tensor with no finite value
+        self.fake = False  # forward fake-quantises at theta() instead of observing
+        self._bits = 8
+        self.bits = bits  # and with it the dtype, range and qscheme convert_pt2e writes
         self.register_buffer("min_val", torch.tensor(math.inf, dtype=torch.float64))
         self.register_buffer("max_val", torch.tensor(-math.inf, dtype=torch.float64))
         self.histogram = (HistogramObserver(dtype=torch.int8, quant_min=QMIN, quant_max=QMAX,
                                             qscheme=torch.per_tensor_affine, eps=HISTOGRAM_EPS)
                           if observer == HISTOGRAM else None)
 
+    @property
+    def bits(self) -> int:
+        """The domain's code width: 8 (INT8, the default) or 16 (symmetric INT16)."""
+        return self._bits
+
+    @bits.setter
+    def bits(self, bits: int) -> None:
+        if bits not in (8, 16):
+            raise ValueError(f"domain {self.label}: activation codes are 8 or 16 bits, not {bits}")
+        self._bits = bits
+        # what convert_pt2e writes into the quantize and dequantize nodes
+        self.dtype = torch.int16 if bits == 16 else torch.int8
+        self.quant_min, self.quant_max = (QMIN16, QMAX16) if bits == 16 else (QMIN, QMAX)
+        self.qscheme = torch.per_tensor_symmetric if bits == 16 else torch.per_tensor_affine
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fake:
+            t = self.theta()
+            return torch.fake_quantize_per_tensor_affine(x, t.scale, t.zero_point, t.qmin, t.qmax)
         seen = finite_values(x)
         if seen is None:
             self.only_nonfinite |= x.numel() > 0
@@ -94,6 +121,8 @@ class DomainObserver(ObserverBase):
                 raise ValueError(f"domain {self.label}: {NO_FINITE_RANGE}")
             lo = hi = 0.0  # empty tensors only: any scale codes it
         # a constant domain (all zeros) has no spread to clip; its codec picks the scale
+        if self._bits == 16:
+            return INT16_CODEC.learn(lo, hi)
         if self.histogram is not None and self.histogram.histogram.sum() > 0 and lo < hi:
             scale, zero_point = self.histogram.calculate_qparams()
             s, z = float(scale), int(zero_point)
@@ -117,8 +146,16 @@ class WeightObserver(ObserverBase):
         self.qscheme = torch.per_channel_symmetric if ch_axis is not None else torch.per_tensor_symmetric
         self.quant_min, self.quant_max = -QMAX, QMAX
         self.weight: torch.Tensor | None = None
+        self.fake = False  # forward fake-quantises the weight (the precision search)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fake:
+            scales = self.scales().double()
+            zeros = torch.zeros(len(scales), dtype=torch.int32)
+            if self.ch_axis is None:
+                return torch.fake_quantize_per_tensor_affine(x, float(scales[0]), 0, -QMAX, QMAX)
+            return torch.fake_quantize_per_channel_affine(x, scales.float(), zeros, self.ch_axis % x.dim(),
+                                                          -QMAX, QMAX)
         self.weight = x.detach()  # a constant: the last one seen is the one
         return x
 

@@ -26,12 +26,19 @@ annotations *are* the plan.
   plain reader reads the dequantize (a decode). Weights are encoded as the
   plan encodes them (`observers.WeightObserver`), biases as int32 codes at
   ``s_in * s_w`` (`observers.bias_qparams`).
+* Each domain's width is the spec's precision (`codec_tosa.precision`): an INT16
+  domain's qspecs are symmetric int16 (Arm's a16w8 range). At ``auto`` every
+  domain is annotated INT8, and `choose_precision`, after calibration, sets the
+  widths the search picks on the observers that convert_pt2e reads.
 * Implicit sharing is off: PT2E would otherwise merge a transcode into the
   producer's group, because both quantize "the same tensor".
 * A relu or relu6 right after a convolution or linear is annotated as Arm
   annotates it (nothing quantized between them), so Arm's
   FuseQuantizedActivationPass folds it (the table's `fuses_activation`); at
-  XNNPACK, every activation its kernel folds (the kernel's `fuses`).
+  XNNPACK, every activation its kernel folds (the kernel's `fuses`). Not in an
+  INT16 domain: Arm's quantizer quantizes between them at a16w8, and Arm's
+  lowering of the folded pair at int16 drops the relu (measured:
+  tests/test_precision.py pins it upstream).
 
 After calibration, `planned(program)` is the plan's record
 (`planning.PlannedProgram`, thetas read off the observers) for the
@@ -61,7 +68,8 @@ from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
 from codec_tosa.codecs.base import Theta
-from codec_tosa.commutation.table import CLAMPING_TARGETS, OUT, CommutationTable, Row
+from codec_tosa.codecs.int16 import QMAX16, QMIN16
+from codec_tosa.commutation.table import CLAMPING_TARGETS, INT16_DERIVED_TARGETS, OUT, CommutationTable, Row
 from codec_tosa.graph import CONSTANT, PortGraph
 from codec_tosa.int8_targets import Int8Target, int8_target
 from codec_tosa.observers import INT32_QMAX, INT32_QMIN, DomainObserver, WeightObserver, bias_qparams
@@ -69,7 +77,8 @@ from codec_tosa.placement import Placement, place
 from codec_tosa.placement.plan import Domain
 from codec_tosa.placement.semantics import CODE, WEIGHT
 from codec_tosa.planning import PlannedProgram
-from codec_tosa.spec import CodecSpec
+from codec_tosa.precision import BITS8, BITS16, DomainPrecision, Groups, assign, int16_groups
+from codec_tosa.spec import AUTO, CodecSpec
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
 _Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
@@ -85,7 +94,10 @@ class _Annotated:
     placement: Placement
     roots: dict[int, _Key]  # domain -> the port holding its QuantizationSpec (its observer)
     fp32: torch.fx.GraphModule  # the graph as annotated, before observers (for `converted`)
-    derived: tuple[str, ...] = ()  # targets whose rows come from Arm's annotation
+    derived: tuple[str, ...]  # targets whose rows come from Arm's annotation
+    groups: Groups  # the domains that can be INT16 (codec_tosa.precision)
+    precisions: list[DomainPrecision]  # each domain's width, and why
+    fused: dict[int, list[tuple[str, str]]]  # domain -> (producer, activation) pairs annotated folded
 
 
 class CodecQuantizer(Quantizer):
@@ -108,6 +120,8 @@ class CodecQuantizer(Quantizer):
         self._annotated: _Annotated | None = None
         self._observers: dict[_Key, Any] = {}  # PT2E's observer of each annotated edge and node
         self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
+        self._chosen: list[DomainPrecision] | None = None  # the precision search's widths
+        self.search_result: Any = None  # precision_search.SearchResult, after `choose_precision`
 
     # ---- Quantizer interface ---------------------------------------------
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -125,22 +139,96 @@ class CodecQuantizer(Quantizer):
         plain = self._target.plain_ops(graph, table, arm)
         placement = place(graph, table, self.spec.policy, self.spec.placement,
                           fused_transcode=self.spec.fused_transcode, plain_ops=plain)
-        roots = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target).write()
-        self._annotated = _Annotated(graph, placement, roots, fp32, derived)
+        groups = int16_groups(graph, placement, table)
+        precisions = self._precisions(groups, len(placement.plan.domains))
+        bits = {p.domain: p.bits for p in precisions}
+        annotator = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target, bits)
+        roots = annotator.write()
+        self._annotated = _Annotated(graph, placement, roots, fp32, derived, groups, precisions,
+                                     annotator.fused_pairs())
         return model
+
+    def _precisions(self, groups: Groups, num_domains: int) -> list[DomainPrecision]:
+        if self._chosen is not None:
+            return list(self._chosen)
+        if self.spec.precision == AUTO:  # INT8 until `choose_precision` runs the search
+            return [DomainPrecision(d, BITS8, groups.blocked.get(d, "auto: not searched yet"))
+                    for d in range(num_domains)]
+        return assign(self.spec, groups, num_domains)
 
     def validate(self, model: torch.fx.GraphModule) -> None:
         return None
 
     def prepare_obs_or_fq_callback(self, model: torch.fx.GraphModule,
                                    edge_or_node_to_obs_or_fq: dict[EdgeOrNode, Any]) -> None:
+        # a port the replay annotates that the calibrated graph had none at (an INT16
+        # domain's unfolded relu) shares its group's fresh observer: it gets the
+        # calibrated one that replaces that observer at the group's other ports
+        replaced: dict[int, Any] = {}
+        if self._reuse is not None:
+            for k, obs in edge_or_node_to_obs_or_fq.items():
+                if _key(k) in self._reuse:
+                    replaced[id(obs)] = self._reuse[_key(k)]
         for k in list(edge_or_node_to_obs_or_fq):
             key = _key(k)
-            if self._reuse is not None and key in self._reuse:
-                edge_or_node_to_obs_or_fq[k] = self._reuse[key]
+            if self._reuse is not None:
+                fresh = edge_or_node_to_obs_or_fq[k]
+                edge_or_node_to_obs_or_fq[k] = self._reuse.get(key, replaced.get(id(fresh), fresh))
             self._observers[key] = edge_or_node_to_obs_or_fq[k]
 
     # ---- after calibration ------------------------------------------------
+    @property
+    def precisions(self) -> list[DomainPrecision]:
+        """Each domain's activation width and why (after `choose_precision` at ``auto``)."""
+        return list(self._require().precisions)
+
+    @property
+    def int16_groups(self) -> Groups:
+        """The domains that can be INT16, as groups sharing one precision."""
+        return self._require().groups
+
+    def choose_precision(self, prepared: torch.fx.GraphModule, data: Any) -> list[DomainPrecision]:
+        """At ``precision="auto"``: search each domain's width under the spec's budget on
+        `data` (input tuples; the calibration data), then set it on `prepared`'s observers,
+        so that ``convert_pt2e(prepared)`` builds the mixed-precision program. Call it
+        between calibration and convert_pt2e; returns the widths and why each was chosen."""
+        from codec_tosa.precision_search import search
+
+        a = self._require()
+        if self.spec.precision != AUTO:
+            raise ValueError(f"choose_precision: precision is {self.spec.precision!r}, not 'auto'; "
+                             "its widths are fixed at annotation")
+        result = search(self, prepared, data)
+        self.search_result = result
+        self._chosen = result.precisions
+        a.precisions = list(result.precisions)
+        self.set_widths(prepared, {p.domain: p.bits for p in result.precisions})
+        return list(result.precisions)
+
+    def set_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int]) -> None:
+        """Give each domain's observer in `prepared` its width; where an INT16 domain's
+        relu was annotated folded into its convolution, quantize between them (the
+        module docstring: Arm's int16 lowering of the folded pair drops the relu)."""
+        a = self._require()
+        names = {id(m): name for name, m in prepared.named_modules()}
+        nodes = {n.name: n for n in prepared.graph.nodes}
+        changed = False
+        for d, key in a.roots.items():
+            observer = self._observers[key]
+            observer.bits = bits.get(d, BITS8)
+            if observer.bits != BITS16:
+                continue
+            for producer, activation in a.fused.get(d, ()):
+                src, act = nodes[producer], nodes[activation]
+                if src not in act.all_input_nodes:
+                    continue  # quantized between them already
+                with prepared.graph.inserting_after(src):
+                    observed = prepared.graph.call_module(names[id(observer)], (src,))
+                act.replace_input_with(src, observed)
+                changed = True
+        if changed:
+            prepared.recompile()
+
     @property
     def derived_rows(self) -> tuple[str, ...]:
         """The operators whose integer row is Arm's annotation of them (no table row)."""
@@ -307,7 +395,8 @@ def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy:
     # coded as they are, not as a weight of its own
     shared = {name for b in blocks for name in b}
     return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), blocks,
-               tuple(w for w in dict.fromkeys(weights) if w not in shared))
+               tuple(w for w in dict.fromkeys(weights) if w not in shared),
+               int16=graph.op_target[op] in INT16_DERIVED_TARGETS)
 
 
 def _constants_typed(model: torch.fx.GraphModule) -> None:
@@ -353,8 +442,10 @@ class _Annotator:
     """Writes the placement as PT2E annotations on the FX nodes (module docstring)."""
 
     def __init__(self, graph: PortGraph, placement: Placement, table: CommutationTable, spec: CodecSpec,
-                 arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str], target: Int8Target) -> None:
+                 arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str], target: Int8Target,
+                 bits: Mapping[int, int]) -> None:
         self.g = graph
+        self.bits = bits  # each domain's code width
         self.target = target
         self.derived = derived  # targets whose rows (and constant qspecs) are Arm's
         self.sem = placement.semantics
@@ -435,8 +526,13 @@ class _Annotator:
         # a folded activation's range keeps its lowest code for 0.0 (int8_targets)
         symmetric = self.spec.symmetric_activations and not (
             self.target.fold_needs_lowest_zero_point and d in self.fused_domains)
+        bits = self.bits.get(d, BITS8)
         observer = DomainObserver.with_args(
-            observer=self.spec.observer, symmetric=symmetric, clip=self._clip(domain), label=f"{d} (dominator {' + '.join(domain.dominators)})")
+            observer=self.spec.observer, symmetric=symmetric, clip=self._clip(domain), bits=bits,
+            label=f"{d} (dominator {' + '.join(domain.dominators)})")
+        if bits == BITS16:
+            return QuantizationSpec(dtype=torch.int16, observer_or_fake_quant_ctr=observer, quant_min=QMIN16,
+                                    quant_max=QMAX16, qscheme=torch.per_tensor_symmetric)
         return QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=observer, quant_min=_QMIN,
                                 quant_max=_QMAX, qscheme=torch.per_tensor_affine)
 
@@ -480,12 +576,23 @@ class _Annotator:
             out = g.op_out[op][0]
             d = self.plan.in_domain[p]
             if not self.target.fuses(g, producer, op, self.table) or self.plan.value_domain[x] != d \
-                    or self.plan.value_domain[out] != d:
+                    or self.plan.value_domain[out] != d or self.bits.get(d, BITS8) != BITS8:
                 continue
             ports.add(p)
             self.fused_values.add(x)
             self.fused_domains.add(d)
         return ports
+
+    def fused_pairs(self) -> dict[int, list[tuple[str, str]]]:
+        """Per domain, the (producer, activation) node names annotated folded."""
+        g, out = self.g, {}
+        for p in self.fused:
+            op = g.in_op[p]
+            producer = g.fx_value_node[g.in_value[p]]
+            activation = g.fx_op_node[op]
+            if producer is not None and activation is not None:
+                out.setdefault(self.plan.in_domain[p], []).append((producer.name, activation.name))
+        return out
 
     # ---- weights and biases -------------------------------------------------
     def _weight_spec(self, op: int, arg: torch.fx.Node, row: Row | None) -> QuantizationSpecBase:

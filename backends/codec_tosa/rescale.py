@@ -10,9 +10,10 @@ defines it, with the constants Arm serialises (see docs/DESIGN.md, "Validation")
   31-bit multiplier: the mantissa of ``frexp(scale)`` times 2**31, rounded
   half to even (Python's ``round``), renormalised when it rounds up to 2**31,
   and the shift capped at 62 (the multiplier loses low bits instead);
-* Arm always asks for ``SINGLE_ROUND`` with 32-bit multipliers for int8/int32
-  inputs: ``(v * multiplier + 2**(shift-1)) >> shift`` (an arithmetic shift,
-  so ties round half up, towards +inf);
+* Arm always asks for ``SINGLE_ROUND``, with 32-bit multipliers for int8, int16
+  and int32 inputs and 16-bit ones for the int48 accumulator of an int16
+  convolution: ``(v * multiplier + 2**(shift-1)) >> shift`` (an arithmetic
+  shift, so ties round half up, towards +inf);
 * the input zero point is subtracted before scaling, the output zero point is
   added after it, and the sum saturates to the output type's range.
 """
@@ -28,37 +29,43 @@ _MULTIPLIER_BITS = 31  # scale32: the multiplier is a non-negative int32
 _MAX_SHIFT = 62
 
 
-def multiplier_and_shift(scale: float) -> tuple[int, int]:
-    """(multiplier, shift) with ``multiplier * 2**-shift ~= scale``, as Arm serialises them.
+def multiplier_and_shift(scale: float, multiplier_bits: int = 32) -> tuple[int, int]:
+    """(multiplier, shift) with ``multiplier * 2**-shift ~= scale``, as Arm serialises them:
+    a 32-bit multiplier (scale32), or a 16-bit one for an int48 input (int16 activations).
 
     tests/test_simulation.py pins this against Arm's own function.
     """
     if not scale > 0.0 or not math.isfinite(scale):
         raise ValueError(f"RESCALE needs a positive finite scale, got {scale}")
+    if multiplier_bits not in (16, 32):
+        raise ValueError(f"RESCALE multipliers are 16 or 32 bits, not {multiplier_bits}")
+    bits = multiplier_bits - 1  # the multiplier is non-negative
     mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
-    one = 1 << _MULTIPLIER_BITS
+    one = 1 << bits
     multiplier = round(mantissa * one)  # exact product; ties to even, like Arm
     if multiplier == one:  # the mantissa rounded up to 1.0
         multiplier //= 2
         exponent += 1
-    shift = _MULTIPLIER_BITS - exponent
+    shift = bits - exponent
     if shift > _MAX_SHIFT:  # a tiny scale: keep the shift legal, drop multiplier bits
         multiplier >>= min(_MULTIPLIER_BITS, shift - _MAX_SHIFT)
         shift = _MAX_SHIFT
     if shift < 2:
-        raise ValueError(f"RESCALE scale {scale} is too large for a 32-bit multiplier")
+        raise ValueError(f"RESCALE scale {scale} is too large for a {multiplier_bits}-bit multiplier")
     return multiplier, shift
 
 
 def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output_zp: int,
-            out_dtype: torch.dtype, channel_axis: int | None = None) -> torch.Tensor:
-    """TOSA RESCALE (SINGLE_ROUND, scale32) of integer `values` into `out_dtype` codes.
+            out_dtype: torch.dtype, channel_axis: int | None = None, multiplier_bits: int = 32) -> torch.Tensor:
+    """TOSA RESCALE (SINGLE_ROUND) of integer `values` into `out_dtype` codes, with
+    32-bit multipliers (scale32) or, for an int48 accumulator, 16-bit ones.
 
     `scales` has one entry (per tensor) or one per index of `channel_axis`.
-    Works in int64: |value| < 2**32 and multiplier < 2**31 cannot overflow it.
+    Works in int64: |value| < 2**32 with multiplier < 2**31, and |value| < 2**48
+    with multiplier < 2**15, cannot overflow it.
     """
     v = values.to(torch.int64) - int(input_zp)
-    pairs = [multiplier_and_shift(float(s)) for s in scales]
+    pairs = [multiplier_and_shift(float(s), multiplier_bits) for s in scales]
     mult = torch.tensor([m for m, _ in pairs], dtype=torch.int64)
     shift = torch.tensor([s for _, s in pairs], dtype=torch.int64)
     if len(pairs) > 1:

@@ -73,8 +73,10 @@ _ADD, _SUB, _MUL, _SUM = "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor"
 # lowered by Arm's InsertRescaleInt32Pass: int8 codes RESCALEd to int32, the int32
 # operator, one RESCALE back to int8
 _INT32_ARITHMETIC = (_ADD, _SUB, _MUL, _SUM)
-# an add's or sub's operands are shifted 20 bits left at twice the larger scale
+# an add's or sub's operands are shifted 20 bits left at twice the larger scale (12
+# for int16 operands: Arm's InsertRescaleInt32Pass)
 _ADD_SHIFT_BITS = 20
+_ADD_SHIFT_BITS_INT16 = 12
 _MEANS = ("aten.mean.dim", "aten.mean.default")
 _RELU = "aten.relu.default"
 _FUSED_ACTIVATIONS = (_RELU, "aten.hardtanh.default")
@@ -82,6 +84,8 @@ _LAYER_NORM = "aten.native_layer_norm.default"
 _AVG_POOL = "aten.avg_pool2d.default"
 _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 _INT8 = torch.int8
+# activation codes: INT8, or INT16 in a 16-bit domain (codec_tosa.precision)
+_CODE_DTYPES = (torch.int8, torch.int16)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,8 @@ class _Accumulator:
     # a relu or relu6 Arm folds into the output RESCALE (FuseQuantizedActivationPass):
     # the RESCALE saturates at the output zero point instead of the code minimum
     floored: bool = False
+    # an int48 accumulator (int16 inputs): its RESCALE has 16-bit multipliers
+    wide: bool = False
 
 
 @dataclass
@@ -144,6 +150,9 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
         self.pooled: dict[torch.fx.Node, torch.Tensor] = {}  # INT8 AVG_POOL2D results (codes)
+        # the int48 accumulator and output RESCALE scales behind an int16 convolution's
+        # encode (`_widened`)
+        self.widened: dict[torch.fx.Node, tuple[_Accumulator, list[float], int]] = {}
         self.stats = SimulationStats()
         # bound on |artefact - eager| of each FP32 value (absent: computed alike)
         self.bounds: dict[torch.fx.Node, float] = {}
@@ -268,7 +277,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         """The RESCALE Arm emits for this quantize, or None when it is an encode."""
         src = n.args[0]
         _, scale, zp, _, _, dtype = _args(n, self)
-        if dtype != _INT8 or not isinstance(src, torch.fx.Node):
+        if dtype not in _CODE_DTYPES or not isinstance(src, torch.fx.Node):
             return None
         if src in self.pooled:
             return self.pooled.pop(src)
@@ -276,19 +285,22 @@ class IntegerSimulator(torch.fx.Interpreter):
             acc = self.accumulators.pop(src)
             # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double)
             scales = [(acc.in_scale * w) / float(scale) for w in acc.weight_scales]
-            codes = rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis)
+            codes = rescale(acc.values, scales, 0, int(zp), dtype, acc.channel_axis,
+                            multiplier_bits=16 if acc.wide else 32)
+            if acc.wide:
+                self.widened[n] = (acc, scales, int(zp))
             return torch.clamp(codes, min=int(zp)) if acc.floored else codes
         held = self.codes.get(src)
-        if held is not None and held.axis is None and held.dtype == _INT8:
+        if held is not None and held.axis is None and held.dtype in _CODE_DTYPES:
             self.stats.transcodes.append(n.name)
             # Arm's InsertRescalePass: one scale dq.scale / q.scale, both zero points
-            return rescale(held.codes, [held.scales[0] / float(scale)], held.zero_points[0], int(zp), _INT8)
+            return rescale(held.codes, [held.scales[0] / float(scale)], held.zero_points[0], int(zp), dtype)
         return None
 
     def _encode(self, n: torch.fx.Node) -> torch.Tensor:
         """An encode of an FP32 value: its codes, the ones the artefact may round
         the other way, and the flips asked for."""
-        codes = self._cpu_quantize(n) if self._on_cpu(n) else super().run_node(n)
+        codes = self._cpu_quantize(n) if self._on_cpu(n) else self._delegate_quantize(n)
         src = n.args[0]
         bound = self.bounds.get(src, 0.0) if isinstance(src, torch.fx.Node) else 0.0
         if bound > 0 and self.find_ambiguous:
@@ -302,6 +314,17 @@ class IntegerSimulator(torch.fx.Interpreter):
             for f in flips:
                 flat[f.index] = f.alternative
         return codes
+
+    def _delegate_quantize(self, n: torch.fx.Node) -> torch.Tensor:
+        """An encode inside the delegate. INT16 codes there saturate at the type's
+        range: Arm's RESCALEs clamp at -32768, not at a16w8's quant_min -32767, so
+        a value moved on codes (cat, slice) keeps a -32768 that a RESCALE made
+        (measured on the reference model: tests/test_precision.py)."""
+        x, scale, zp, qmin, qmax, dtype = _args(n, self)[:6]
+        if dtype == torch.int16 and isinstance(x, torch.Tensor):
+            info = torch.iinfo(dtype)
+            return torch.ops.quantized_decomposed.quantize_per_tensor(x, scale, zp, info.min, info.max, dtype)
+        return super().run_node(n)
 
     def _on_cpu(self, n: torch.fx.Node) -> bool:
         """An encode ExecuTorch runs: at an integer-only policy, of a graph input or
@@ -410,7 +433,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         tie rounds follows Z's sign (tests/tools/test_simulation.py pins it)."""
         src = n.args[0]
         held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
-        if held is None or held.axis is not None or held.dtype != _INT8 or not n.users:
+        if held is None or held.axis is not None or held.dtype not in _CODE_DTYPES or not n.users:
             return None
         if not all(_is_quantize(u) and float(u.args[1]) == held.scales[0] and int(u.args[2]) == held.zero_points[0]
                    for u in n.users):
@@ -427,7 +450,7 @@ class IntegerSimulator(torch.fx.Interpreter):
         zp = arm_pool_zero_point(held.scales[0], held.zero_points[0])
         sums = sums - zp * counts
         self.stats.integer_ops.append(n.name)
-        return average(torch.round(sums), torch.round(counts), zp, _INT8)
+        return average(torch.round(sums), torch.round(counts), zp, held.dtype)
 
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
@@ -440,8 +463,10 @@ class IntegerSimulator(torch.fx.Interpreter):
         x, w = held[0], held[1]
         bias = held[2] if len(held) > 2 else None
         assert x is not None and w is not None
-        if x.axis is not None or x.dtype != _INT8 or w.dtype != _INT8:
+        if x.axis is not None or x.dtype not in _CODE_DTYPES or w.dtype != _INT8:
             return None
+        if key in _MATMULS and x.dtype != _INT8:
+            return None  # no int16 MATMUL row (Row.int16)
         if key in _MATMULS and w.axis is not None:
             return None  # Arm's MATMUL rescale reads per-tensor scales only
         if w.axis not in (None, 0):
@@ -469,7 +494,8 @@ class IntegerSimulator(torch.fx.Interpreter):
             shape[axis] = -1
             values = values + torch.round(bias.centred()).to(torch.int64).reshape(shape)
         self.stats.integer_ops.append(n.name)
-        return _Accumulator(values, x.scales[0], w.scales, axis)
+        # int16 x int8 products accumulate in int48 (TOSA's CONV2D at int16)
+        return _Accumulator(values, x.scales[0], w.scales, axis, wide=x.dtype == torch.int16)
 
     def _int32_arithmetic(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
         """add, sub, mul or sum of per-tensor int8 codes, as Arm's
@@ -483,31 +509,51 @@ class IntegerSimulator(torch.fx.Interpreter):
             return None
         operands = n.args[:1] if key == _SUM else n.args[:2]
         held = [self.codes.get(a) if isinstance(a, torch.fx.Node) else None for a in operands]
-        if any(h is None or h.axis is not None or h.dtype != _INT8 for h in held):
+        if any(h is None or h.axis is not None or h.dtype not in _CODE_DTYPES for h in held):
             return None
+        if len({h.dtype for h in held}) > 1:  # type: ignore[union-attr]
+            return None  # Arm refuses operands of two widths (codec_tosa.precision)
         alpha = n.args[2] if len(n.args) > 2 else n.kwargs.get("alpha", 1)
         if key in (_ADD, _SUB) and alpha != 1:
             return None  # add(x, y, alpha=2)
         scales = [h.scales[0] for h in held]  # type: ignore[union-attr]
 
-        def int32(h: _Codes, scale: float) -> torch.Tensor:
+        def int32(h: _Codes, scale: float, operand: Any) -> torch.Tensor:
+            wide = self._widened(operand)
+            if wide is not None:
+                acc, conv_scales, _ = wide
+                # Arm's RewriteConvPass at a16w8: the int32 operand RESCALEs straight from
+                # the int48 accumulator, its scale times the convolution's (the int16
+                # codes, rounded and clamped, never exist on this path)
+                combined = [c * (h.scales[0] / scale) for c in conv_scales]
+                return rescale(acc.values, combined, 0, 0, torch.int32, acc.channel_axis,
+                               multiplier_bits=16).to(torch.int64)
             return rescale(h.codes, [h.scales[0] / scale], h.zero_points[0], 0, torch.int32).to(torch.int64)
 
         if key in (_ADD, _SUB):
-            common = 2 * max(scales) / (1 << _ADD_SHIFT_BITS)
-            a, b = (int32(h, common) for h in held)  # type: ignore[arg-type]
+            shift = _ADD_SHIFT_BITS_INT16 if held[0].dtype == torch.int16 else _ADD_SHIFT_BITS  # type: ignore[union-attr]
+            common = 2 * max(scales) / (1 << shift)
+            a, b = (int32(h, common, x) for h, x in zip(held, operands))  # type: ignore[arg-type]
             values, out_scale = (a + b if key == _ADD else a - b), common
         elif key == _MUL:
-            a, b = (int32(h, h.scales[0]) for h in held)  # type: ignore[union-attr]
+            a, b = (int32(h, h.scales[0], x) for h, x in zip(held, operands))  # type: ignore[union-attr]
             values, out_scale = a * b, math.prod(scales)
         else:
             _, dims, *rest = _args(n, self)
             keepdim = bool(rest[0]) if rest else False
             h = held[0]
             assert h is not None
-            values, out_scale = int32(h, h.scales[0]).sum(dim=list(dims), keepdim=keepdim), scales[0]
+            values, out_scale = int32(h, h.scales[0], operands[0]).sum(dim=list(dims), keepdim=keepdim), scales[0]
         self.stats.integer_ops.append(n.name)
         return _Accumulator(values, out_scale, (1.0,), 0)
+
+    def _widened(self, operand: Any) -> tuple[_Accumulator, list[float], int] | None:
+        """The accumulator behind `operand`, a decode that reads an int16 convolution's
+        encode directly (Arm's "direct INT32 rescale user" of the convolution)."""
+        if not isinstance(operand, torch.fx.Node) or not operand.args:
+            return None
+        q = operand.args[0]
+        return self.widened.get(q) if isinstance(q, torch.fx.Node) else None
 
     def _lowered_int8(self, n: torch.fx.Node) -> bool:
         """Whether Arm lowers `n` on codes (a dequantize feeds it), though we could not."""
@@ -531,7 +577,7 @@ def _lowered_on_codes(n: torch.fx.Node) -> bool:
 
 
 def _fused_activation(n: torch.fx.Node) -> bool:
-    """`n`'s one reader is a relu, or a hardtanh from 0, read only by an INT8 quantize:
+    """`n`'s one reader is a relu, or a hardtanh from 0, read only by a quantize:
     the activation Arm's FuseQuantizedActivationPass folds into `n`'s RESCALE (a
     PT2E quantizer leaves nothing quantized between them, as Arm's does)."""
     if len(n.users) != 1:
@@ -596,8 +642,9 @@ def _tensor_operands(n: torch.fx.Node, key: str) -> list[Any]:
 
 
 def _is_quantize(n: torch.fx.Node) -> bool:
+    """An encode into activation codes (INT8, or INT16 in a 16-bit domain)."""
     return (n.op == "call_function" and target_key(n.target) == _Q
-            and len(n.args) > 5 and n.args[5] == _INT8)
+            and len(n.args) > 5 and n.args[5] in _CODE_DTYPES)
 
 
 def run_planned(planned: PlannedProgram, inputs: Sequence[Any]) -> list[torch.Tensor]:

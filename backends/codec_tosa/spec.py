@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from codec_tosa.calibration import HISTOGRAM, OBSERVERS
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
@@ -24,6 +26,13 @@ ETHOS_U_PREFIX = "ethos-u"
 INT_FP = "TOSA-1.0+INT+FP"
 FP_ONLY = "TOSA-1.0+FP"
 INT_ONLY = "TOSA-1.0+INT"
+INT16_EXTENSION = "+int16"
+
+# Activation precision per domain at the integer policy (docs/DESIGN.md, "Precision
+# per domain"): every domain INT8, every domain Arm lowers at int16 INT16 (Arm's
+# a16w8), or the least traffic that meets `budget` (the search, `codec_tosa.precision`)
+INT8, INT16, AUTO = "int8", "int16", "auto"
+PRECISIONS = (INT8, INT16, AUTO)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,14 @@ class CodecSpec:
     symmetric_activations: bool = False
     target: str = "tosa"
     observer: str | None = None
+    # activation precision (PRECISIONS); `int16_domains` puts these domain ids at int16
+    # on top of an int8 plan (by hand, or as a search chose them); `budget` is the
+    # search's floor: the SQNR in dB of every output against FP32 on the calibration
+    # data, or, with `metric`, the least value of metric(fp32_outputs, outputs)
+    precision: str = INT8
+    int16_domains: tuple[int, ...] = ()
+    budget: float | None = None
+    metric: Callable[[list[torch.Tensor], list[torch.Tensor]], float] | None = None
 
     def __post_init__(self) -> None:
         self.commutation_table.order.rank(self.policy)
@@ -83,9 +100,37 @@ class CodecSpec:
             raise ValueError(f"--target vgf takes the TOSA-1.0+INT+FP and +FP policies, not an "
                              f"integer-only one (policy {self.policy}, {self.tosa_spec}); use "
                              "--target tosa or an Ethos-U target for policy I")
+        self._check_precision()
         if self.pool_constants is None:
             # the reference policy's bytes are stock Arm's unless asked otherwise
             object.__setattr__(self, "pool_constants", not self.reference)
+
+    def _check_precision(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        object.__setattr__(self, "int16_domains", tuple(sorted({int(d) for d in self.int16_domains})))
+        if not self.mixed_precision:
+            if self.budget is not None or self.metric is not None:
+                raise ValueError("--budget is the precision search's floor: it needs --precision auto")
+            return
+        if self.policy != INTEGER_POLICY or self.target in (XNNPACK_TARGET, "vgf"):
+            raise ValueError(f"--precision {self.precision}: int16 activations are Arm's INT flow's, at "
+                             f"--policy {INTEGER_POLICY} with --target tosa or an Ethos-U target "
+                             f"(got policy {self.policy}, target {self.target})")
+        if self.int16_domains and self.precision != INT8:
+            raise ValueError(f"int16_domains picks domains by hand on an int8 plan, not with "
+                             f"--precision {self.precision}")
+        if self.precision == AUTO and self.budget is None:
+            raise ValueError("--precision auto needs --budget: the SQNR floor in dB against FP32 "
+                             "(or, from Python, the metric's threshold)")
+        if self.tosa is not None and INT16_EXTENSION not in self.tosa:
+            raise ValueError(f"--precision {self.precision}: TOSA spec {self.tosa} has no int16 extension "
+                             f"(use {INT_ONLY}{INT16_EXTENSION}, or no --tosa)")
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Some domain may be INT16 (the delegate needs TOSA's int16 extension)."""
+        return self.precision != INT8 or bool(self.int16_domains)
 
     @property
     def commutation_table(self) -> CommutationTable:
@@ -101,7 +146,7 @@ class CodecSpec:
         if self.tosa:
             return self.tosa
         if self.policy == INTEGER_POLICY:
-            return INT_ONLY
+            return INT_ONLY + INT16_EXTENSION if self.mixed_precision else INT_ONLY
         return FP_ONLY if self.reference else INT_FP
 
     @property
@@ -125,7 +170,9 @@ class CodecSpec:
                 "tosa": self.tosa_spec, "target": self.target,
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "symmetric_activations": self.symmetric_activations, "observer": self.observer,
-                "custom_table": self.table is not None}
+                "custom_table": self.table is not None, "precision": self.precision,
+                "int16_domains": list(self.int16_domains), "budget": self.budget,
+                "metric": getattr(self.metric, "__name__", None) if self.metric else None}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

@@ -54,14 +54,38 @@ class Traffic:
         return self.traffic_bytes - self.codec_traffic_bytes
 
 
-def port_width(graph: PortGraph, sem: Semantics, port: int) -> int:
-    """Bytes per element read through an in-port."""
-    return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else CODE_BYTES
+def port_width(graph: PortGraph, sem: Semantics, port: int, code_bytes: int = CODE_BYTES) -> int:
+    """Bytes per element read through an in-port (`code_bytes`: its domain's code width)."""
+    return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else code_bytes
 
 
-def value_width(graph: PortGraph, sem: Semantics, value: int) -> int:
+def value_width(graph: PortGraph, sem: Semantics, value: int, code_bytes: int = CODE_BYTES) -> int:
     """Bytes per element written through an output port (and read by its decode)."""
-    return CODE_BYTES if sem.out_code[value] else graph.itemsize(value)
+    return code_bytes if sem.out_code[value] else graph.itemsize(value)
+
+
+def domain_code_elements(graph: PortGraph, sem: Semantics, plan: Plan) -> list[int]:
+    """Per domain, the code elements its runtime operators read and write: the bytes
+    each extra byte of code width costs it (an INT16 domain moves twice its INT8
+    bytes; docs/DESIGN.md, "Precision per domain"). Codec operators count too."""
+    out = [0] * len(plan.domains)
+    for op in range(graph.num_ops):
+        if graph.op_const[op]:
+            continue
+        for p in graph.op_in[op]:
+            d = plan.in_domain[p]
+            if d >= 0 and sem.in_sem[p] != PLAIN and sem.in_sem[p] != WEIGHT:
+                out[d] += graph.numel(graph.in_value[p])
+        for v in graph.op_out[op]:
+            d = plan.value_domain[v]
+            if d >= 0 and sem.out_code[v] and graph.val_uses[v]:
+                out[d] += graph.numel(v)
+    for c in plan.codecs:
+        # an encode writes the domain's codes, a decode reads them, a transcode both
+        for d in (c.domain, c.source):
+            if d is not None and d >= 0:
+                out[d] += c.elements
+    return out
 
 
 def encoded_constants(graph: PortGraph, sem: Semantics) -> list[bool]:
@@ -78,7 +102,14 @@ def encoded_constants(graph: PortGraph, sem: Semantics) -> list[bool]:
 
 
 def measure(graph: PortGraph, sem: Semantics, plan: Plan, fused_transcode: bool = False,
-            per_op: bool = True) -> Traffic:
+            per_op: bool = True, widths: list[int] | None = None) -> Traffic:
+    """`widths`: each domain's code bytes per element (None: INT8 everywhere)."""
+    if widths is not None:
+        # one extra byte per code element of each wider domain (domain_code_elements)
+        base = measure(graph, sem, plan, fused_transcode, per_op)
+        extra = sum((w - CODE_BYTES) * e for w, e in zip(widths, domain_code_elements(graph, sem, plan)))
+        return Traffic(base.storage_bytes, base.codec_params_bytes, base.traffic_bytes + extra,
+                       base.codec_traffic_bytes, base.codec_items, base.per_op)
     storage = params = 0
     enc_const = encoded_constants(graph, sem)
     for v in range(graph.num_values):

@@ -38,6 +38,7 @@ EXPECTED = {  # recipe title -> the backend id of its one delegate
     "VGF (ML SDK for Vulkan), mixed policy": "VgfBackend",
     "TOSA-1.0+INT, integer policy": "TOSABackend",
     "Ethos-U": "EthosUBackend",
+    "Ethos-U, INT8 and INT16 per domain": "EthosUBackend",
     "XNNPACK": "XnnpackBackend",
 }
 # XNNPACK's arithmetic is not the plan's (docs/DESIGN.md, "XNNPACK"): its program is

@@ -299,3 +299,50 @@ class ResidualStack(nn.Module):
 def residual_stack(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return _with_statistics(ResidualStack(), seed).eval(), (torch.randn(1, 3, 48, 48),)
+
+
+class Int16Block(nn.Module):
+    """Every operator kind with an int16 row (`Row.int16`), in one graph: conv + relu,
+    max pool, depthwise + relu6, an add reading a convolution directly (Arm's
+    widened int32 path at a16w8), slice, mul, cat, sub, clamp, nearest upsampling,
+    average pool, mean, linear, permute and amax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.c2 = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.c1(x))
+        y = nn.functional.max_pool2d(y, 2)
+        z = nn.functional.relu6(self.dw(y))
+        w = self.c2(z)
+        s = w + z
+        t = torch.cat([s, s[:, :4] * w[:, 4:]], 1)
+        d = torch.clamp(t[:, :6] - t[:, 6:], -0.5, 0.5)
+        f = nn.functional.avg_pool2d(nn.functional.interpolate(d, scale_factor=2, mode="nearest"), 2)
+        return self.fc(f.mean((2, 3))), f.permute(0, 2, 3, 1).amax(-1)
+
+
+class Int16Sequence(nn.Module):
+    """conv1d -> relu -> linear over a sequence (the 1-D spellings at int16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).transpose(1, 2))
+
+
+def int16_block(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return Int16Block().eval(), (torch.randn(1, 3, 8, 8),)
+
+
+def int16_sequence(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return Int16Sequence().eval(), (torch.randn(1, 4, 12),)

@@ -17,11 +17,11 @@ INT32_QMIN, INT32_QMAX = -(2**31) + 1, 2**31 - 1
 # (bias / (s_in * s_w)) overflow: InceptionV3 with random weights reaches its
 # head with activations of about 1e-6, and a 1e-8 scale there clamped the
 # head's bias and overflowed its int32 accumulator (44 steps off).
-_TINY = float(torch.finfo(torch.float32).eps)
+TINY_SCALE = float(torch.finfo(torch.float32).eps)
 # An all-zero tensor (observed range [0, 0]) is coded exactly by any scale. It gets
 # 1.0, not the floor: an INT8 conv/linear stores its bias as int32 codes at scale
 # s_in * s_w, and s_in = 1e-8 would overflow int32 (the bias clamped, silently wrong).
-_ZERO_RANGE_SCALE = 1.0
+ZERO_RANGE_SCALE = 1.0
 # An asymmetric range that is nearly symmetric gets zero point 0 when that
 # coarsens the step by at most this factor: SQNR drops by at most
 # 20*log10(1 + 1/32) = 0.27 dB there, and its encode and decode each lose a
@@ -56,9 +56,9 @@ class Int8Affine:
         # the range must contain 0 so that zero (padding, ReLU floor) is exact
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         span = hi - lo
-        scale = max(span / (QMAX - QMIN), _TINY) if span > 0 else _ZERO_RANGE_SCALE
+        scale = max(span / (QMAX - QMIN), TINY_SCALE) if span > 0 else ZERO_RANGE_SCALE
         if self.near_symmetric and span > 0 and lo < 0 < hi:
-            centred = max(lo / QMIN, hi / QMAX, _TINY)  # z = 0 and the full code range
+            centred = max(lo / QMIN, hi / QMAX, TINY_SCALE)  # z = 0 and the full code range
             if centred <= NEAR_SYMMETRIC * scale:
                 return Theta(float(centred), 0, QMIN, QMAX, torch.int8)
         zero_point = int(round(QMIN - lo / scale))
@@ -66,14 +66,14 @@ class Int8Affine:
         return Theta(float(scale), zero_point, QMIN, QMAX, torch.int8)
 
     def _learn_symmetric(self, amax: float) -> Theta:
-        scale = max(amax / QMAX, _TINY) if amax > 0 else _ZERO_RANGE_SCALE
+        scale = max(amax / QMAX, TINY_SCALE) if amax > 0 else ZERO_RANGE_SCALE
         return Theta(float(scale), 0, QMIN, QMAX, torch.int8)
 
     def learn_weight(self, weight: torch.Tensor, axis: int = 0) -> ChannelTheta:
         dims = [d for d in range(weight.dim()) if d != axis]
         amax = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
-        scales = torch.clamp(amax.float() / QMAX, min=_TINY)
-        scales = torch.where(amax == 0, _ZERO_RANGE_SCALE, scales)  # an all-zero channel
+        scales = torch.clamp(amax.float() / QMAX, min=TINY_SCALE)
+        scales = torch.where(amax == 0, ZERO_RANGE_SCALE, scales)  # an all-zero channel
         return ChannelTheta(scales, axis, -QMAX, QMAX, torch.int8)
 
 

@@ -33,6 +33,14 @@ serve (docs/DESIGN.md, "Operator facts"):
   (`FuseQuantizedActivationPass`) when nothing quantizes the value between
   them, which is how Arm's quantizer annotates such a pair; `CodecQuantizer`
   annotates it the same way;
+* `int16`: Arm's INT lowering (TOSA-1.0+INT+int16, Ethos-U) takes the operator
+  with INT16 codes on its activation ports, and the simulation reproduces it
+  bit for bit (tests/test_precision.py lowers each such row at int16 on the
+  reference model); a domain any other operator reads or writes stays INT8
+  (docs/DESIGN.md, "Precision per domain");
+* `rescales_inputs`: Arm's INT lowering RESCALEs each coded input to int32 before
+  the operator (InsertRescaleInt32Pass: add, sub, mul, sum), so the width of
+  the codes it reads is taken from their quantize, not from the producer;
 * `int8_kernels`: the integer back ends other than Arm's (whose own
   quantizer says which operators its INT flow takes) that run this operator
   on codes with the row's encoded ports, each a `Kernel`: ``xnnpack`` for
@@ -65,7 +73,7 @@ OUT = "out"
 
 
 _FACT_KEYS = ("weight_axis", "out_channel_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if",
-              "accumulates", "fuses_activation", "int8_kernels")
+              "accumulates", "fuses_activation", "int16", "rescales_inputs", "int8_kernels")
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,8 @@ class Row:
     int8_refused_if: tuple[str, ...] = ()
     accumulates: bool = False
     fuses_activation: bool = False
+    int16: bool = False
+    rescales_inputs: bool = False
     int8_kernels: tuple[Kernel, ...] = ()
 
     def kernel(self, backend: str) -> Kernel | None:
@@ -160,6 +170,8 @@ class Row:
             "int8_refused_if": list(self.int8_refused_if),
             "accumulates": self.accumulates,
             "fuses_activation": self.fuses_activation,
+            "int16": self.int16,
+            "rescales_inputs": self.rescales_inputs,
             "int8_kernels": {k.backend: k.to_json() for k in self.int8_kernels},
         }
 
@@ -184,6 +196,8 @@ class Row:
             int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
             accumulates=bool(d.get("accumulates", base.accumulates)),
             fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
+            int16=bool(d.get("int16", base.int16)),
+            rescales_inputs=bool(d.get("rescales_inputs", base.rescales_inputs)),
             int8_kernels=(tuple(Kernel.from_json(b, k) for b, k in d["int8_kernels"].items())
                           if "int8_kernels" in d else base.int8_kernels),
         )
@@ -318,12 +332,34 @@ def _xnnpack_kernels() -> dict[str, Kernel]:
     return kernels
 
 
+# Operators without a row that Arm's quantizer annotates as sharing their input's
+# codes, and that the lowering removes: the int16 fact of the row CodecQuantizer
+# derives for them at policy I (quantizer._derived_row)
+INT16_DERIVED_TARGETS = ("aten.dropout.default",)
+
+
+def _int16_targets(rows: list[Row]) -> set[str]:
+    """The operators Arm's INT lowering takes at int16 that the simulation reproduces
+    (`Row.int16`; tests/test_precision.py checks each on the reference model). Not
+    the TABLE operators: TOSA's int16 TABLE interpolates a 513-entry table, which
+    the simulation does not model."""
+    computes = {"aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.linear.default",
+                *(f"aten.{op}.Tensor" for op in ("add", "sub", "mul", "add_", "sub_", "mul_"))}
+    averaging = {"aten.avg_pool2d.default", "aten.mean.dim", "aten.mean.default",
+                 "aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default"}
+    # rows that only move or clamp codes: layout, cat, pad, max pool, nearest upsampling, relu/clamp
+    moving = {r.target for r in rows if r.moves_codes and r.policy is not None}
+    return computes | averaging | moving | set(CLAMPING_TARGETS)
+
+
 def _default_rows() -> list[Row]:
     rows = _operator_rows()
     xnnpack = _xnnpack_kernels()
     unknown = set(xnnpack) - {r.target for r in rows}
     assert not unknown, f"XNNPACK kernels for operators without a row: {sorted(unknown)}"
-    return [dataclasses.replace(r, int8_kernels=(xnnpack[r.target],)) if r.target in xnnpack else r
+    int16 = _int16_targets(rows)
+    return [dataclasses.replace(r, int8_kernels=(xnnpack[r.target],) if r.target in xnnpack else r.int8_kernels,
+                                int16=r.target in int16)
             for r in rows]
 
 
@@ -361,10 +397,9 @@ def _operator_rows() -> list[Row]:
         # V: monotone, grid to grid (see _monotone)
         *(_monotone(t) for t in CLAMPING_TARGETS),
         # I: Arm's INT8 lowering, new scale at the output (see _integer)
-        _integer("aten.add.Tensor", ("self", "other")),  # RESCALE both to int32, ADD, RESCALE
-        _integer("aten.sub.Tensor", ("self", "other")),
-        _integer("aten.mul.Tensor", ("self", "other")),  # int32 MUL, one output RESCALE
-        *(_integer(f"aten.{op}_.Tensor", ("self", "other")) for op in ("add", "sub", "mul")),
+        # RESCALE both to int32, ADD, RESCALE (mul: int32 MUL, one output RESCALE)
+        *(dataclasses.replace(_integer(f"aten.{op}.Tensor", ("self", "other")), rescales_inputs=True)
+          for op in ("add", "sub", "mul", "add_", "sub_", "mul_")),
         # TABLE: a 256-entry lookup from input codes to output codes
         _integer("aten.sigmoid.default", ("self",)),
         _integer("aten.tanh.default", ("self",)),
@@ -379,7 +414,7 @@ def _operator_rows() -> list[Row]:
         # keeps their theta (an INT8 REDUCE_MAX on codes)
         _integer("aten.exp.default", ("self",)),
         _integer("aten.reciprocal.default", ("self",)),
-        _integer("aten.sum.dim_IntList", ("self",)),
+        dataclasses.replace(_integer("aten.sum.dim_IntList", ("self",)), rescales_inputs=True),
         Row("aten.amax.default", "I", ("self", OUT), (("self", OUT),)),
         _averaging("aten.avg_pool2d.default"),
         _averaging("aten.mean.dim"),

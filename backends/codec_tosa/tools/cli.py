@@ -15,6 +15,22 @@ DEFAULT_MODEL = "tiny_shufflenet"
 DEFAULT_SAMPLES = 16  # as codec_tosa.tools.samples (not imported here: it loads torch)
 
 
+def _decibels(text: str) -> float:
+    """An SQNR budget: ``30``, ``30dB`` or ``30 dB``."""
+    try:
+        return float(text.strip().removesuffix("dB").removesuffix("db").strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an SQNR in dB such as 30dB, got {text!r}") from None
+
+
+def _domains(text: str) -> tuple[int, ...]:
+    """``3,7,12``: domain ids (report.json's precision.domains)."""
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated domain ids such as 3,7, got {text!r}") from None
+
+
 def _count(text: str) -> int:
     n = int(text)
     if n < 0:
@@ -89,7 +105,9 @@ def _spec(args: argparse.Namespace):
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
                      fused_transcode=args.fused_transcode, pool_constants=False if args.no_pool else None,
                      table=table, symmetric_activations=getattr(args, "symmetric_activations", False),
-                     target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None))
+                     target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None),
+                     precision=getattr(args, "precision", "int8"), budget=getattr(args, "budget", None),
+                     int16_domains=getattr(args, "int16_domains", ()) or ())
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -198,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "an Ethos-U accelerator (ethos-u55-128, ethos-u85-256, ...): Arm's EthosUBackend "
                         "(Vela), with model.tosa beside the .pte; needs --policy I; xnnpack: ExecuTorch's "
                         "XnnpackBackend for CPUs (--policy I; validate holds it to eager by SQNR)")
+    c.add_argument("--precision", choices=("int8", "int16", "auto"), default="int8",
+                   help="activation codes per domain at --policy I: int8 (default); int16 wherever Arm "
+                        "lowers it (as Arm's a16w8); auto: each domain's width, the least traffic that "
+                        "meets --budget (report.json lists each domain's width and why)")
+    c.add_argument("--budget", type=_decibels,
+                   help="with --precision auto: the SQNR floor against FP32, e.g. 30dB")
+    c.add_argument("--int16-domains", type=_domains,
+                   help="these domain ids at int16, the rest int8 (ids as report.json lists them)")
     c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,
                    help="seeded held-out inputs stored with their eager and simulated outputs for validate "
                         "(0: no simulation; validate then compares with eager by SQNR only)")
@@ -282,9 +308,14 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
     """`e` as one line: our own errors as they are worded; an error raised by a
     library (Arm's backend, torch.export, ...) with its type, where it came from
     and the stage it stopped; an unexpected error of ours as an internal one."""
+    kind = error_kind(e)
+    if kind == "library":
+        # ExecuTorch's pass manager wraps a pass's error in one that lists every pass
+        # run before it: the cause is what the user needs
+        while e.__cause__ is not None and error_kind(e.__cause__) == "library":
+            e = e.__cause__
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
-    kind = error_kind(e)
     if kind == "refused":
         return first
     if kind == "internal":

@@ -24,7 +24,7 @@ from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.tools.reference_io import Reference, ReferenceIO, reference_outputs
-from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
+from codec_tosa.tools.samples import DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs
 from codec_tosa.units import MIB
 
 # the bar's steps; a lowering reports its delegates as "TOSA lowering: delegate k"
@@ -172,7 +172,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     from codec_tosa import arm_adapter
     from codec_tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
     from codec_tosa.quantizer import CodecQuantizer, decomposed_for
-    from codec_tosa.spec import XNNPACK_TARGET
+    from codec_tosa.spec import AUTO, XNNPACK_TARGET
 
     if spec.ethos_u:
         arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
@@ -187,6 +187,9 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     with torch.no_grad():
         for inputs in calibration:
             prepared(*inputs)
+    if spec.precision == AUTO:  # each domain's width, under the budget, before convert
+        search_data = list(calibration) + held_out_inputs(calibration[0], SEARCH_SAMPLES, SEARCH_SEED)
+        quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
     quantized = torch.export.export(convert_pt2e(prepared), example)
     if spec.target == XNNPACK_TARGET:  # XNNPACK's own recipe: its stock partitioner
@@ -227,11 +230,30 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
+    if spec.mixed_precision:
+        report["precision"] = precision_report(quantizer)
     if runs:
         from codec_tosa.tools.vela_summary import vela_report
 
         report["vela"] = vela_report(runs, info.operators)
     return Lowered(pte, planned, lowering, serialisation, files, report)
+
+
+def precision_report(quantizer: Any) -> dict[str, Any]:
+    """report.json's ``precision``: each domain's width and why, and the search's figures."""
+    from codec_tosa.precision import BITS16
+
+    a = quantizer._require()
+    plan = a.placement.plan
+    domains = [{**p.to_json(), "dominator": " + ".join(plan.domains[p.domain].dominators)}
+               for p in quantizer.precisions]
+    out: dict[str, Any] = {"mode": quantizer.spec.precision,
+                           "int16_domains": sum(1 for p in quantizer.precisions if p.bits == BITS16),
+                           "domains": domains}
+    result = getattr(quantizer, "search_result", None)
+    if result is not None:
+        out["search"] = result.to_json()
+    return out
 
 
 def _compute_operators(program: ExportedProgram) -> list[str]:

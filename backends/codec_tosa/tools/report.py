@@ -179,10 +179,31 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
         lines.append(_traffic_line(total))
     rep = Path(pte).with_name("report.json")
     if rep.is_file():
-        modeled = json.loads(rep.read_text()).get("modeled")
+        recorded = json.loads(rep.read_text())
+        modeled = recorded.get("modeled")
         if modeled:
             lines.append(f"modeled traffic of the plan: {modeled['traffic_mib']:.4g} MiB "
                          f"(lower bound {modeled['lower_bound_mib']:.4g} MiB, {modeled['codecs']} codecs)")
+        if recorded.get("precision"):
+            lines += [""] + precision_lines(recorded["precision"], table)
+    return lines
+
+
+def precision_lines(precision: dict[str, Any], table: Table) -> list[str]:
+    """report.json's ``precision``: the search's figures and each domain's width and why."""
+    domains = precision.get("domains", [])
+    n16 = sum(1 for d in domains if d["bits"] == 16)
+    lines = [f"activation precision ({precision.get('mode')}): {n16} of {len(domains)} domains int16"]
+    search = precision.get("search")
+    if search:
+        unit = " dB" if search["metric"] == "sqnr_db" else ""
+        lines.append(f"search: budget {search['budget']:g}{unit} ({search['metric']}, calibration and search "
+                     f"inputs): int8 {search['int8_score']:.1f}{unit}, int16 {search['int16_score']:.1f}{unit}, "
+                     f"chosen {search['score']:.1f}{unit} for {search['extra_bytes']} more bytes of traffic "
+                     f"(all-int16: {search['int16_extra_bytes']}); {search['evaluations']} evaluations"
+                     + ("" if search["met"] else "; the budget is NOT met"))
+    lines.append(table(["domain", "bits", "dominator", "why"],
+                       [[d["domain"], d["bits"], d.get("dominator", ""), d["why"]] for d in domains]))
     return lines
 
 

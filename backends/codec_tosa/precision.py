@@ -1,0 +1,160 @@
+"""Precision per domain: which domains may take INT16 codes, and which do (docs/DESIGN.md,
+"Precision per domain").
+
+A domain is the unit of precision: one codec per domain, so a domain's codes are
+INT8 or INT16 throughout, and a transcode (one RESCALE) sits wherever domains of
+two precisions meet, as between any two domains. Two facts bound the choice:
+
+* a domain can be INT16 only if every operator that reads or writes its codes has
+  an int16 row in the table (`Row.int16`: Arm lowers it at int16, and the
+  simulation reproduces it); the others keep it INT8;
+* the coded activation inputs of one operator share a precision: Arm's int16
+  lowering of add, sub and mul refuses operands of two widths, and TOSA's
+  MATMUL takes two operands of one type;
+* a convolution's input and output share a precision unless every reader of
+  its output RESCALEs it first (`_typed_like_input`).
+
+Domains tied so form one *group*, and a group is INT16 or INT8 as a whole.
+
+`assign` gives each domain its width for a spec's fixed precision (``int8``,
+``int16``, or ``int16_domains`` by hand); ``auto`` is `precision_search`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from codec_tosa.commutation.table import CommutationTable, Row
+from codec_tosa.graph import PortGraph
+from codec_tosa.placement import Placement
+from codec_tosa.placement.semantics import CODE
+from codec_tosa.placement.unionfind import UnionFind
+from codec_tosa.spec import AUTO, INT16, CodecSpec
+
+BITS8, BITS16 = 8, 16
+
+
+@dataclass(frozen=True)
+class DomainPrecision:
+    """One domain's activation width and why it has it (report.json, `codec-tosa report`)."""
+
+    domain: int
+    bits: int
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"domain": self.domain, "bits": self.bits, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The domains that can be INT16, as groups sharing one precision, and why each
+    other domain cannot (the first operator in its way)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    blocked: Mapping[int, str]  # domain -> the operator that keeps it INT8
+
+    def group_of(self, domain: int) -> tuple[int, ...] | None:
+        return next((g for g in self.groups if domain in g), None)
+
+
+def int16_groups(graph: PortGraph, placement: Placement, table: CommutationTable) -> Groups:
+    """`Groups` of a placed graph (module docstring)."""
+    plan, sem = placement.plan, placement.semantics
+    n = len(plan.domains)
+    blocked: dict[int, str] = {}
+
+    def touch(d: int, op: int) -> None:
+        row = table.lookup(graph.op_target[op])
+        if (row is None or not row.int16) and d not in blocked:
+            blocked[d] = f"{graph.op_name[op]} ({graph.op_target[op]}) has no int16 lowering"
+
+    uf = UnionFind(n)
+    for op in range(graph.num_ops):
+        coded = []
+        for p in graph.op_in[op]:
+            d = plan.in_domain[p]
+            if d >= 0 and sem.in_sem[p] == CODE:
+                touch(d, op)
+                coded.append(d)
+        for v in graph.op_out[op]:
+            d = plan.value_domain[v]
+            if d >= 0:
+                touch(d, op)
+        for d in coded[1:]:
+            uf.union(coded[0], d)
+        for a, b in _typed_like_input(graph, placement, table, op):
+            uf.union(a, b)
+    members: dict[int, list[int]] = {}
+    for d in range(n):
+        members.setdefault(uf.find(d), []).append(d)
+    groups: list[tuple[int, ...]] = []
+    for ds in members.values():
+        stuck = next((d for d in ds if d in blocked), None)
+        if stuck is None:
+            groups.append(tuple(ds))
+            continue
+        for d in ds:  # a group is INT16 as a whole or not at all
+            blocked.setdefault(d, f"has one precision with domain {stuck}, which {blocked[stuck]}")
+    return Groups(tuple(sorted(groups)), blocked)
+
+
+def _typed_like_input(graph: PortGraph, placement: Placement, table: CommutationTable, op: int
+                      ) -> list[tuple[int, int]]:
+    """(output domain, input domain) pairs of a convolution that must share a precision.
+
+    Arm's lowering types a convolution's output like its input, whatever the
+    output's quantize says, and that type flows on through the convolutions, pools,
+    clamps and layout operators after it until an operator RESCALEs its inputs to
+    int32 (add, sub, mul, sum). An operator that checks or uses it then fails: an
+    AVG_POOL2D's zero point of the other width ("requires input zero-point dtype"),
+    a TABLE of the wrong size, an int16 convolution after a relu's CLAMP
+    accumulating in int32 (an invalid graph the reference model rejects). So a
+    convolution's input and output share one precision unless every reader of its
+    output RESCALEs it first (or is the program output, which reads the output
+    RESCALE's codes). Measured on the reference model (tests/test_precision.py)."""
+    row = table.lookup(graph.op_target[op])
+    if row is None or not row.accumulates:
+        return []
+    plan, sem = placement.plan, placement.semantics
+    ins = [plan.in_domain[p] for p in graph.op_in[op] if plan.in_domain[p] >= 0 and sem.in_sem[p] == CODE]
+    out: list[tuple[int, int]] = []
+    for v in graph.op_out[op]:
+        d = plan.value_domain[v]
+        readers = [graph.in_op[p] for p in graph.val_uses[v]]
+        if d >= 0 and not all(r < 0 or _rescales_inputs(table.lookup(graph.op_target[r])) for r in readers):
+            out += [(d, i) for i in ins]
+    return out
+
+
+def _rescales_inputs(row: Row | None) -> bool:
+    return row is not None and row.rescales_inputs
+
+
+def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrecision]:
+    """Each domain's width for the spec's fixed precision (not ``auto``: the search's)."""
+    if spec.precision == AUTO:
+        raise ValueError("precision auto: the widths are the search's (precision_search.search)")
+    wanted = set(spec.int16_domains)
+    unknown = sorted(d for d in wanted if not 0 <= d < num_domains)
+    if unknown:
+        raise ValueError(f"int16_domains: no domain {unknown[0]} (the plan has {num_domains}: 0..{num_domains - 1})")
+    needed = {d for g in groups.groups if wanted & set(g) for d in g}
+    out: list[DomainPrecision] = []
+    for d in range(num_domains):
+        if d in groups.blocked:
+            if d in wanted:
+                raise ValueError(f"int16_domains: domain {d} cannot be int16: {groups.blocked[d]}")
+            out.append(DomainPrecision(d, BITS8, groups.blocked[d]))
+        elif spec.precision == INT16:
+            out.append(DomainPrecision(d, BITS16, "precision int16"))
+        elif d in wanted or d in needed:
+            out.append(DomainPrecision(d, BITS16, "int16_domains" if d in wanted
+                                       else "has one precision with an int16_domains domain"))
+        else:
+            out.append(DomainPrecision(d, BITS8, "precision int8"))
+    return out
+
+
+__all__ = ["BITS16", "BITS8", "DomainPrecision", "Groups", "assign", "int16_groups"]

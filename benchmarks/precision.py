@@ -1,0 +1,394 @@
+"""Precision per domain against Arm's stock a8w8 and a16w8, on Ethos-U, in one process per model
+(issue 25; docs/DESIGN.md, "Precision per domain").
+
+Per model and Ethos-U target, every flow gets the same module, calibration and held-out inputs:
+
+* ``stock-a8w8``: Arm's documented flow, `EthosUQuantizer` + `get_symmetric_quantization_config()`;
+* ``stock-a16w8``: the same with `get_symmetric_a16w8_quantization_config()` set globally;
+* ``stock-a8w8+hand``: stock a8w8 with a16w8 set (`set_module_name`) on the modules whose
+  outputs ours-auto put at INT16 at the middle budget: what a user tuning by hand from our
+  report would build;
+* ``ours-int8``, ``ours-int16``: `CodecQuantizer(CodecSpec(policy="I", precision=...))`;
+* ``ours-auto@B``: ``precision="auto", budget=B`` for budgets spread between ours-int8's and
+  ours-int16's search scores and one 0.5 dB short of ours-int16's (the frontier), through
+  the PT2E API the README shows
+  (prepare, calibrate, ``choose_precision``, convert_pt2e, `EthosUPartitioner`).
+
+Columns: Vela's cycles, SRAM used and off-chip bytes; the TOSA Vela was given: operators,
+unfused and fused traffic, weight bytes (its constant tensors); SQNR of the artefact's
+outputs against FP32 eager, pooled over the held-out inputs (the program run in the
+ExecuTorch runtime with each Ethos-U delegate replaced by that TOSA, on the reference
+model); and, on the trained digit models, disagreements with FP32's top-1 on the clean
+and noisy test sets. Ours' artefacts are also checked against their simulation (0 steps).
+
+Models: the trained digit classifiers (real data: calibration on 64 training images,
+held-out = the first 100 clean and 100 noisy test images), the MLPerf Tiny models of executorch's examples and
+MobileNetV2 (random weights, batch norms re-estimated; seeded random inputs).
+
+Usage::
+
+    python benchmarks/precision.py [--models digits_resnet8 ds_cnn ...] [--targets ethos-u85-256 ethos-u55-128]
+        [--budgets 4] [--json benchmarks/precision.json] [--plot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import accuracy  # noqa: E402  (the artefact runner and Vela summary of the accuracy benchmark)
+
+DEFAULT_JSON = HERE / "precision.json"
+TRAINED = ("digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit")
+MLPERF = ("ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder")
+MODELS = (*TRAINED, *MLPERF, "mobilenet_v2")
+TARGETS = ("ethos-u85-256", "ethos-u55-128")
+HELD_OUT = 32  # random-weight models: seeded held-out inputs
+IMAGES = 100  # trained models: the first 100 test images of each set (clean, noisy)
+HELD_OUT_SEED = 4242
+CALIBRATION = 16
+
+
+# --------------------------------------------------------------------------- data
+
+def load(model: str) -> tuple[torch.nn.Module, tuple, list[tuple], list[tuple], dict[str, Any]]:
+    """(module, example, calibration, held-out inputs, labels by test set or {})."""
+    if model in TRAINED:
+        from codec_tosa_examples.models import trained
+
+        data = trained.digits()
+        module, example = trained.load(model)
+        calib = trained.calibration_images(64, 0)
+        tests = [(data.test_x[i:i + 1],) for i in range(IMAGES)] + [(data.noisy_x[i:i + 1],) for i in range(IMAGES)]
+        return module, tuple(example), calib, tests, {"clean": data.test_y[:IMAGES], "noisy": data.test_y[:IMAGES]}
+    from codec_tosa.calibration import random_calibration
+    from codec_tosa_examples.models import load_model
+    from codec_tosa_examples.models.batch_norm import reestimate_batch_norms
+
+    module, example = load_model(model)
+    example = tuple(example)
+    reestimate_batch_norms(module, example)
+    calib = [example] + random_calibration(example, CALIBRATION - 1, 0)
+    return module.eval(), example, calib, random_calibration(example, HELD_OUT, HELD_OUT_SEED), {}
+
+
+# --------------------------------------------------------------------------- flows
+
+def _stock_quantizer(target: str, config: str, hand: Sequence[str] = ()) -> Any:
+    from executorch.backends.arm.quantizer import (
+        EthosUQuantizer,
+        get_symmetric_a16w8_quantization_config,
+        get_symmetric_quantization_config,
+    )
+
+    from codec_tosa import arm_adapter
+
+    q = EthosUQuantizer(arm_adapter.ethos_u_compile_spec(target))
+    q.set_global(get_symmetric_a16w8_quantization_config() if config == "a16w8"
+                 else get_symmetric_quantization_config())
+    for name in hand:
+        q.set_module_name(name, get_symmetric_a16w8_quantization_config())
+    return q
+
+
+def _lower(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], target: str,
+           auto: bool = False) -> dict[str, Any]:
+    """Arm's PT2E flow with `quantizer` (``choose_precision`` between calibration and
+    convert when `auto`), lowered with EthosUPartitioner; the artefact and its figures."""
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from codec_tosa import arm_adapter
+
+    t = time.perf_counter()
+    with torch.no_grad():
+        prepared = prepare_pt2e(torch.export.export(module, example).module(check_guards=False), quantizer)
+        for batch in calib:
+            prepared(*batch)
+        search_s = 0.0
+        if auto:
+            s = time.perf_counter()
+            quantizer.choose_precision(prepared, calib)
+            search_s = time.perf_counter() - s
+        program = torch.export.export(convert_pt2e(prepared), example)
+    partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(target))
+    with tempfile.TemporaryDirectory(prefix="precision-vela-") as d, arm_adapter.vela_runs_kept(d) as runs:
+        edge = to_edge_transform_and_lower(program, partitioner=[partitioner])
+        pte = bytes(edge.to_executorch().buffer)
+        vela = accuracy._vela(runs)
+        tosa = [r.tosa for r in runs]
+    return {"pte": accuracy.runnable(pte), "tosa": tosa, "vela": vela, "compile_s": time.perf_counter() - t,
+            "search_s": search_s, "program": program, "partitioner": partitioner}
+
+
+def _tosa_figures(flatbuffers: list[bytes]) -> dict[str, Any]:
+    from codec_tosa.serialization.tosa_stats import iter_constants, tosa_stats
+
+    stats = [tosa_stats(b) for b in flatbuffers]
+    weights = sum(len(c.data or b"") for b in flatbuffers for c in iter_constants(b)
+                  if c.op == "CONST" and c.dtype in ("INT8", "INT4"))
+    return {"tosa_ops": sum(s.operators for s in stats), "traffic_bytes": sum(s.traffic_bytes for s in stats),
+            "fused_traffic_bytes": sum(s.fused_traffic_bytes for s in stats), "weight_bytes": weights}
+
+
+def _outputs(pte: bytes, tests: list[tuple]) -> list[torch.Tensor]:
+    from codec_tosa.pytrees import tensor_leaves
+    from codec_tosa.runtime.executorch_runner import run_pte
+
+    runs = [run_pte(pte, list(tensor_leaves(x))) for x in tests]
+    return [torch.cat([r[k].reshape(1, -1).float() for r in runs]) for k in range(len(runs[0]))]
+
+
+def _eager(module: torch.nn.Module, tests: list[tuple]) -> list[torch.Tensor]:
+    from codec_tosa.pytrees import tensor_leaves
+
+    with torch.no_grad():
+        runs = [tensor_leaves(module(*x)) for x in tests]
+    return [torch.cat([r[k].reshape(1, -1).float() for r in runs]) for k in range(len(runs[0]))]
+
+
+def _sqnr(ref: list[torch.Tensor], got: list[torch.Tensor]) -> float:
+    from codec_tosa.precision_search import sqnr_db
+
+    return sqnr_db(ref, got)
+
+
+_RUNS: dict[int, list[torch.Tensor]] = {}  # outputs by the TOSA run (a U55 flow often has the U85's)
+
+
+def _row(flow: str, lowered: dict[str, Any], ref: list[torch.Tensor], tests: list[tuple],
+         labels: dict[str, Any]) -> dict[str, Any]:
+    key = hash(tuple(lowered["tosa"]))
+    if key not in _RUNS:
+        _RUNS[key] = _outputs(lowered["pte"], tests)
+    got = _RUNS[key]
+    row: dict[str, Any] = {"flow": flow, **{k: lowered["vela"][k] for k in
+                                            ("cycles_total", "sram_bytes", "off_chip_bytes", "npu_ops", "cpu_ops")},
+                           **_tosa_figures(lowered["tosa"]), "sqnr_db": _sqnr(ref, got),
+                           "compile_s": lowered["compile_s"], "search_s": lowered["search_s"]}
+    if labels:
+        n = len(labels["clean"])
+        pred, ref_pred = got[0].reshape(len(tests), -1).argmax(1), ref[0].reshape(len(tests), -1).argmax(1)
+        for k, name in enumerate(("clean", "noisy")):
+            part = slice(k * n, (k + 1) * n)
+            row[f"{name}_disagree"] = int((pred[part] != ref_pred[part]).sum())
+            row[f"{name}_top1"] = float((pred[part] == labels[name]).float().mean())
+            row[f"{name}_sqnr_db"] = _sqnr([r.reshape(len(tests), -1)[part] for r in ref],
+                                           [g.reshape(len(tests), -1)[part] for g in got])
+    return row
+
+
+def _simulation_steps(quantizer: Any, lowered: dict[str, Any], tests: list[tuple]) -> float:
+    """Ours: the artefact against the plan's simulation, in quantisation steps (max)."""
+    from codec_tosa.pytrees import tensor_leaves
+    from codec_tosa.runtime.executorch_runner import run_pte
+    from codec_tosa.simulation import simulate
+
+    planned = quantizer.planned(lowered["program"], lowered["partitioner"])
+    worst = 0.0
+    for x in tests[:8]:
+        inputs = list(tensor_leaves(x))
+        sim, got = simulate(planned, inputs), run_pte(lowered["pte"], inputs)
+        steps = planned.output_steps([0.0] * len(sim))
+        for s, g, step in zip(sim, got, steps):
+            worst = max(worst, float((s - g.reshape(s.shape)).abs().max()) / step if step else 0.0)
+    return worst
+
+
+def _module_names(quantizer: Any) -> list[str]:
+    """The modules whose outputs the search put at INT16 (for the hand-tuned stock flow)."""
+    a = quantizer._require()
+    g, plan = a.graph, a.placement.plan
+    int16 = {p.domain for p in quantizer.precisions if p.bits == 16}
+    names: set[str] = set()
+    for op in range(g.num_ops):
+        node = g.fx_op_node[op]
+        if node is None or not any(plan.value_domain[v] in int16 for v in g.op_out[op]):
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        if stack:
+            names.add(list(stack.values())[-1][0])
+    return sorted(n for n in names if n)
+
+
+def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> int:
+    from codec_tosa import CodecQuantizer, CodecSpec, arm_adapter
+
+    arm_adapter.install_payload_journal()
+    module, example, calib, tests, labels = load(model)
+    ref = _eager(module, tests)
+    failed = 0
+    for target in targets:
+        rows: list[dict[str, Any]] = []
+
+        def record(flow: str, build: Any) -> Any:
+            nonlocal failed
+            t = time.perf_counter()
+            try:
+                lowered, extra = build()
+                row = _row(flow, lowered, ref, tests, labels) | extra
+            except Exception as e:  # noqa: BLE001 (one flow's failure is its row)
+                failed += 1
+                row, lowered = {"flow": flow, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                "traceback": traceback.format_exc(limit=-6)}, None
+            row["wall_s"] = time.perf_counter() - t
+            rows.append(row)
+            _store(path, model, target, rows)
+            print(f"[{model} {target} {flow}] " + (row.get("error") or
+                  f"cycles {row['cycles_total']} sqnr {row['sqnr_db']:.1f} dB weights {row['weight_bytes']}"),
+                  file=sys.stderr, flush=True)
+            return lowered
+
+        for config in ("a8w8", "a16w8"):
+            record(f"stock-{config}", lambda c=config: (_lower(_stock_quantizer(target, c), module, example, calib,
+                                                                target), {}))
+        scores: dict[str, float] = {}
+        for precision in ("int8", "int16"):
+            def ours(p: str = precision) -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p))
+                low = _lower(q, module, example, calib, target)
+                return low, {"steps_vs_simulation": _simulation_steps(q, low, tests)}
+            record(f"ours-{precision}", ours)
+        # the search's own scores of all-INT8 and all-INT16 span the frontier's budgets
+        probe = CodecQuantizer(CodecSpec(policy="I", target=target, precision="auto", budget=0.0))
+        _lower(probe, module, example, calib, target, auto=True)
+        lo, hi = probe.search_result.int8_score, probe.search_result.int16_score
+        hand: list[str] = []
+        # `budgets` points spread between all-INT8's and all-INT16's search scores, and
+        # one 0.5 dB short of all-INT16 (the issue's "a16w8's SQNR - 0.5 dB" point)
+        points = [round(lo + (hi - lo) * (k + 1) / (budgets + 1), 1) for k in range(budgets)]
+        points += [round(hi - 0.5, 1)] if hi - 0.5 > max(points, default=lo) else []
+        for k, budget in enumerate(points):
+
+            def auto(b: float = budget, middle: bool = k == budgets // 2) -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision="auto", budget=b))
+                low = _lower(q, module, example, calib, target, auto=True)
+                r = q.search_result
+                if middle:
+                    hand[:] = _module_names(q)
+                return low, {"budget_db": b, "search_score_db": r.score, "int16_domains": len(r.to_json()["int16_domains"]),
+                             "domains": len(r.precisions), "search_evaluations": r.evaluations,
+                             "steps_vs_simulation": _simulation_steps(q, low, tests)}
+            record(f"ours-auto@{budget:g}", auto)
+        if hand:
+            record("stock-a8w8+hand", lambda: (_lower(_stock_quantizer(target, "a8w8", hand), module, example, calib,
+                                                      target), {"a16w8_modules": hand}))
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- JSON, tables, plot
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"commands": [], "models": {}}
+
+
+def _store(path: Path, model: str, target: str, rows: list[dict[str, Any]]) -> None:
+    data = _load(path)
+    data["models"].setdefault(model, {})[target] = rows
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def markdown(data: dict[str, Any]) -> str:
+    out = []
+    for model, targets in data["models"].items():
+        for target, rows in targets.items():
+            base = next((r for r in rows if r["flow"] == "stock-a8w8" and "error" not in r), None)
+            trained = any("clean_disagree" in r for r in rows)
+            head = ["flow", "cycles", "x a8w8", "SRAM KiB", "off-chip KiB", "TOSA MiB", "fused MiB", "weights KiB",
+                    "SQNR dB"] + (["SQNR clean/noisy", "disagree clean/noisy"] if trained else []) + \
+                ["int16 domains", "steps vs sim"]
+            out += [f"**{model}, {target}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for r in rows:
+                if "error" in r:
+                    out.append(f"| {r['flow']} | {r['error']} |" + " |" * (len(head) - 2))
+                    continue
+                ratio = f"{r['cycles_total'] / base['cycles_total']:.3f}" if base else ""
+                cells = [r["flow"], str(r["cycles_total"]), ratio, f"{r['sram_bytes'] / 1024:.0f}",
+                         f"{r['off_chip_bytes'] / 1024:.0f}", f"{r['traffic_bytes'] / 2**20:.3f}",
+                         f"{r['fused_traffic_bytes'] / 2**20:.3f}", f"{r['weight_bytes'] / 1024:.1f}",
+                         f"{r['sqnr_db']:.1f}"]
+                if trained:
+                    cells += [f"{r['clean_sqnr_db']:.1f}/{r['noisy_sqnr_db']:.1f}",
+                              f"{r['clean_disagree']}/{r['noisy_disagree']}"]
+                cells += [f"{r['int16_domains']}/{r['domains']}" if "int16_domains" in r else "",
+                          f"{r['steps_vs_simulation']:g}" if "steps_vs_simulation" in r else ""]
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
+    return "\n".join(out)
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """One panel per model and target: ours' frontier (cycles vs SQNR) and the stock points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(m, t, rows) for m, ts in data["models"].items() for t, rows in ts.items()]
+    cols = 3
+    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(5 * cols, 3.6 * math.ceil(len(panels) / cols)),
+                             squeeze=False)
+    for ax, (model, target, rows) in zip(axes.flat, panels):
+        ok = [r for r in rows if "error" not in r]
+        ours = sorted((r for r in ok if r["flow"].startswith("ours")), key=lambda r: r["cycles_total"])
+        ax.plot([r["cycles_total"] for r in ours], [r["sqnr_db"] for r in ours], "o-", label="ours (int8, auto, int16)")
+        for r in ok:
+            if r["flow"].startswith("stock"):
+                ax.plot(r["cycles_total"], r["sqnr_db"], "s", label=r["flow"])
+        ax.set_title(f"{model}, {target}", fontsize=9)
+        ax.set_xlabel("Vela cycles")
+        ax.set_ylabel("SQNR vs FP32 (dB)")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS))
+    parser.add_argument("--budgets", type=int, default=3,
+                        help="ours-auto points between int8 and int16 (and one 0.5 dB short of int16)")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--plot", action="store_true", help="only redraw the PNG and print the tables")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        from codec_tosa.tools.quiet import quiet
+
+        with quiet():
+            return run_model(args.child, args.targets, args.budgets, args.json)
+    if not args.plot:
+        data = _load(args.json)
+        data["commands"] = (data.get("commands") or []) + [shlex.join(["python", "benchmarks/precision.py",
+                                                                         *(argv or sys.argv[1:])])]
+        args.json.write_text(json.dumps(data, indent=1))
+        for model in args.models:  # one process per model: a crash loses one model, not the run
+            subprocess.run([sys.executable, __file__, "--child", model, "--targets", *args.targets,
+                            "--budgets", str(args.budgets), "--json", str(args.json)], check=False)
+    data = _load(args.json)
+    plot(data, args.json.with_suffix(".png"))
+    print(markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,323 @@
+"""Precision per domain (issue 25; docs/DESIGN.md, "Precision per domain"): INT16 activation
+domains in Arm's INT flow, bit-exact with the simulation on the reference model, the
+rules that keep a domain INT8, and the search under a budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import small_models
+from codec_tosa.codecs.int16 import HEADROOM
+from codec_tosa.commutation.table import CommutationTable
+from codec_tosa.graph import PortGraph
+from codec_tosa.observers import DomainObserver
+from codec_tosa.placement import place
+from codec_tosa.precision import BITS8, BITS16, int16_groups
+from codec_tosa.rescale import multiplier_and_shift, rescale
+from codec_tosa.runtime.executorch_runner import run_pte_recorded
+from codec_tosa.runtime.pte import delegate_payload
+from codec_tosa.serialization.tosa_stats import operator_dtypes
+from codec_tosa.simulation import simulate
+from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.cli import main
+from codec_tosa.tools.compiler import compile_module
+from codec_tosa.tools.validate import Verdict, validate
+from codec_tosa.traffic import domain_code_elements, measure
+
+
+def _compile(tmp_path: Path, name: str, **spec: object):
+    m, x = getattr(small_models, name)()
+    out = tmp_path / f"{name}-{'-'.join(f'{k}{v}' for k, v in spec.items())}"
+    return compile_module(name, (m, x), CodecSpec(policy="I", **spec), out, progress=False, samples=6)
+
+
+def _tosa_dtypes(pte: Path) -> set[str]:
+    return {d for _, ins, outs in operator_dtypes(delegate_payload(pte.read_bytes())) for d in ins + outs}
+
+
+# ---- INT16 everywhere Arm lowers it, exact on the reference model ---------------------
+
+@pytest.mark.parametrize("name", ["int16_block", pytest.param("int16_sequence", marks=pytest.mark.slow),
+                                  pytest.param("mobile_block", marks=pytest.mark.slow)])
+def test_int16_domains_are_exact_on_the_reference_model(tmp_path, name):
+    """Every int16 row's operator at int16 (conv + int48 accumulator, the widened int32
+    path of an add reading a convolution, int16 add/sub/mul shifts, pools, means,
+    clamps, layout): the runtime equals the simulation bit for bit on the example and
+    held-out inputs, and the SQNR against FP32 is no worse than at INT8."""
+    int8, int16 = _compile(tmp_path, name), _compile(tmp_path, name, precision="int16")
+    domains = int16.report["precision"]["domains"]
+    assert sum(d["bits"] == BITS16 for d in domains) >= len(domains) - 1, domains
+    assert {"INT16", "INT48"} <= _tosa_dtypes(int16.pte)
+    assert "INT16" not in _tosa_dtypes(int8.pte)
+    v16, v8 = validate(int16.pte), validate(int8.pte)
+    assert v16.verdict == Verdict.PASS and v16.ambiguous_codes == 0
+    assert all(o.vs_expected_max_abs == 0.0 for o in v16.outputs), [o.vs_expected_max_abs for o in v16.outputs]
+    for a, b in zip(v16.outputs, v8.outputs):
+        assert a.sqnr_db >= b.sqnr_db - 0.5, (a.sqnr_db, b.sqnr_db)
+
+
+class _ConvCat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return torch.cat([y, y[:, :2]], 1)
+
+
+def test_int16_codes_saturate_at_the_type_minimum_inside_the_delegate(tmp_path):
+    """Arm's RESCALEs saturate int16 codes at -32768, not at a16w8's quant_min -32767, and a
+    cat then moves that code on: an input far beyond the calibrated range gives the
+    artefact -32768 codes, and the simulation has them too."""
+    torch.manual_seed(0)
+    m, x = _ConvCat().eval(), (torch.randn(1, 3, 8, 8),)
+    low = compile_module("conv_cat", (m, x), CodecSpec(policy="I", precision="int16"), tmp_path / "c",
+                         progress=False, samples=0)
+    big = [x[0] * 50]  # far beyond the calibrated range, headroom included
+    (out,), _ = run_pte_recorded(low.pte, big)
+    (sim,) = simulate(low.planned, big)
+    (step,) = low.planned.output_steps([0.0])
+    assert float(out.min()) == pytest.approx(-32768 * step, rel=1e-6)
+    assert torch.equal(out.reshape(sim.shape), sim)
+
+
+def test_arm_drops_a_relu_folded_into_an_int16_convolution(monkeypatch, tmp_path):
+    """Upstream (executorch 1.5.1): annotated as Arm annotates an INT8 conv + relu (nothing
+    quantized between them), Arm's int16 lowering loses the relu: negative outputs.
+    CodecQuantizer therefore quantizes between them in an INT16 domain (as Arm's own
+    a16w8 annotation does); when this test fails, the fold works upstream."""
+    import codec_tosa.quantizer as quantizer_module
+
+    class ConvRelu(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.conv(x))
+
+    torch.manual_seed(0)
+    m, x = ConvRelu().eval(), (torch.randn(1, 3, 8, 8),)
+    ours = compile_module("conv_relu", (m, x), CodecSpec(policy="I", precision="int16"), tmp_path / "ours",
+                          progress=False, samples=0)
+    assert float(run_pte_recorded(ours.pte, list(x))[0][0].min()) >= 0.0
+    # the fold test compares widths with BITS8: pretend int16 is the folded width
+    monkeypatch.setattr(quantizer_module, "BITS8", BITS16)
+    folded = compile_module("conv_relu", (m, x), CodecSpec(policy="I", precision="int16"), tmp_path / "folded",
+                            progress=False, samples=0)
+    assert float(run_pte_recorded(folded.pte, list(x))[0][0].min()) < 0.0
+
+
+# ---- what keeps a domain INT8 ------------------------------------------------------------
+
+class _Branches(nn.Module):
+    """Two convolutions added (their outputs share an add's inputs) and a sigmoid (a TABLE,
+    no int16 lowering) after a third convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.c(self.a(x) + self.b(x)))
+
+
+def _groups(module: nn.Module, x: tuple[torch.Tensor, ...]):
+    graph = PortGraph.from_program(torch.export.export(module, x))
+    table = CommutationTable.default()
+    placement = place(graph, table, "I", "nonlocal+share")
+    return graph, placement, int16_groups(graph, placement, table)
+
+
+def test_an_adds_operands_share_a_group_and_a_table_keeps_its_domains_int8():
+    graph, placement, groups = _groups(_Branches().eval(), (torch.randn(1, 3, 4, 4),))
+    plan = placement.plan
+    add = next(op for op in range(graph.num_ops) if graph.op_target[op] == "aten.add.Tensor")
+    a, b = (plan.in_domain[p] for p in graph.op_in[add])
+    assert a != b and groups.group_of(a) == groups.group_of(b) is not None
+    sigmoid = next(op for op in range(graph.num_ops) if graph.op_target[op] == "aten.sigmoid.default")
+    (into,) = (plan.in_domain[p] for p in graph.op_in[sigmoid])
+    assert "sigmoid" in groups.blocked[into]
+    # the convolution feeding the TABLE is typed like its input: its input domain is tied
+    # to the blocked one, the add's operands are not
+    c = next(op for op in range(graph.num_ops) if graph.op_target[op].startswith("aten.conv")
+             and any(plan.value_domain[v] == into for v in graph.op_out[op]))
+    c_in = plan.in_domain[graph.op_in[c][0]]
+    assert c_in in groups.blocked and f"domain {into}" in groups.blocked[c_in]
+    assert a not in groups.blocked
+
+
+@pytest.mark.parametrize("spec, message", [
+    (dict(policy="W", precision="int16"), "--policy I"),
+    (dict(policy="I", precision="int16", target="xnnpack"), "--target tosa or an Ethos-U"),
+    (dict(policy="I", precision="auto"), "needs --budget"),
+    (dict(policy="I", budget=30.0), "needs --precision auto"),
+    (dict(policy="I", precision="int4"), "unknown precision"),
+    (dict(policy="I", precision="int16", tosa="TOSA-1.0+INT"), "no int16 extension"),
+    (dict(policy="I", precision="int16", int16_domains=(1,)), "by hand on an int8 plan"),
+])
+def test_precision_options_are_refused_in_one_line(spec, message):
+    with pytest.raises(ValueError, match=message) as e:
+        CodecSpec(**spec)
+    assert "\n" not in str(e.value)
+
+
+def test_int16_domains_by_hand_name_what_they_cannot_take(tmp_path):
+    m, x = _Branches().eval(), (torch.randn(1, 3, 4, 4),)
+    _, placement, groups = _groups(m, x)
+    blocked = min(groups.blocked)
+    with pytest.raises(ValueError, match=f"domain {blocked} cannot be int16") as e:
+        compile_module("branches", (m, x), CodecSpec(policy="I", int16_domains=(blocked,)), tmp_path / "x",
+                       progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="no domain 99"):
+        compile_module("branches", (m, x), CodecSpec(policy="I", int16_domains=(99,)), tmp_path / "y",
+                       progress=False)
+
+
+def test_the_spec_asks_for_the_int16_extension():
+    assert CodecSpec(policy="I").tosa_spec == "TOSA-1.0+INT"
+    assert CodecSpec(policy="I", precision="int16").tosa_spec == "TOSA-1.0+INT+int16"
+    assert CodecSpec(policy="I", precision="auto", budget=30).tosa_spec == "TOSA-1.0+INT+int16"
+
+
+# ---- the search, in Arm's PT2E flow -------------------------------------------------------
+
+def _prepared(name: str, **spec: object):
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    from codec_tosa.quantizer import CodecQuantizer
+
+    m, x = getattr(small_models, name)()
+    quantizer = CodecQuantizer(CodecSpec(policy="I", **spec))
+    prepared = prepare_pt2e(torch.export.export(m, x).module(check_guards=False), quantizer)
+    calibration = small_models.calibration(x, 6)
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(*batch)
+    return m, x, quantizer, prepared, calibration
+
+
+def _search(quantizer, prepared, data, budget: float):
+    """The search at `budget` on an already calibrated `prepared` (one calibration serves
+    several budgets: the search only reads the observers' ranges)."""
+    quantizer.spec = dataclasses.replace(quantizer.spec, budget=budget)
+    quantizer.choose_precision(prepared, data)
+    return quantizer.search_result
+
+
+def test_the_search_spends_bytes_only_where_the_budget_needs_them():
+    """Below all-INT8's score nothing is INT16; above all-INT16's everything is and the
+    result says the budget is not met; in between, the budget is met for fewer bytes
+    than all-INT16, and a higher budget never costs fewer bytes."""
+    _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0)
+    probe = _search(quantizer, prepared, data, 0.0)
+    floor, ceiling = probe.int8_score, probe.int16_score
+    assert probe.extra_bytes == 0 and probe.met and floor < ceiling
+    results = [probe]
+    for budget in (floor + 0.25 * (ceiling - floor), floor + 0.75 * (ceiling - floor), ceiling + 10):
+        r = _search(quantizer, prepared, data, budget)
+        results.append(r)
+        if budget > ceiling:
+            assert r.extra_bytes == r.int16_extra_bytes and not r.met
+        else:
+            assert r.met and r.score >= budget and 0 < r.extra_bytes < r.int16_extra_bytes
+        assert all(p.why for p in r.precisions)
+        # the widths chosen are the observers' (what convert_pt2e writes)
+        assert {p.domain for p in r.precisions if p.bits == BITS16} == \
+            {d for d, key in quantizer._require().roots.items() if quantizer._observers[key].bits == BITS16}
+    costs = [r.extra_bytes for r in results]
+    assert costs == sorted(costs)
+
+
+def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
+    """The README's recipe: prepare, calibrate, choose_precision, convert_pt2e, export,
+    Arm's own TOSAPartitioner at TOSA-1.0+INT+int16; the runtime equals the plan's
+    simulation bit for bit on held-out inputs."""
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    from codec_tosa.runtime.pte import BACKEND_ID, delegates, with_delegates_replaced
+
+    m, x, quantizer, prepared, data = _prepared("int16_block", precision="auto", budget=0.0)
+    probe = _search(quantizer, prepared, data, 0.0)
+    _search(quantizer, prepared, data, (probe.int8_score + probe.int16_score) / 2)
+    chosen = quantizer.precisions
+    assert {p.bits for p in chosen} == {BITS8, BITS16}
+    program = torch.export.export(convert_pt2e(prepared), x)
+    partitioner = TOSAPartitioner(TosaCompileSpec("TOSA-1.0+INT+int16"))
+    pte = bytes(to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch().buffer)
+    runnable = with_delegates_replaced(pte, {d.index: (BACKEND_ID, d.payload) for d in delegates(pte)})
+    planned = quantizer.planned(program, partitioner)
+    for seed in (11, 12):
+        torch.manual_seed(seed)
+        held_out = [torch.randn_like(x[0])]
+        got, _ = run_pte_recorded(runnable, held_out)
+        for g, s in zip(got, simulate(planned, held_out)):
+            assert torch.equal(g.reshape(s.shape), s)
+
+
+def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
+    out = tmp_path / "auto"
+    model = f"{Path(small_models.__file__)}:mobile_block"
+    assert main(["compile", model, "--policy", "I", "--precision", "auto", "--budget", "41dB",
+                 "--samples", "2", "-o", str(out)]) == 0
+    assert main(["report", str(out / "model.pte")]) == 0
+    text = capsys.readouterr().out
+    assert "activation precision (auto)" in text and "search: budget 41 dB" in text
+    assert main(["compile", model, "--policy", "W", "--precision", "int16", "-o", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--policy I" in err[0]
+
+
+# ---- the pieces -----------------------------------------------------------------------------
+
+def test_sixteen_bit_multipliers_match_arm():
+    """An int48 accumulator's RESCALE takes 16-bit multipliers, as Arm serialises them."""
+    import random
+
+    from executorch.backends.arm.operators.op_tosa_rescale import _compute_multiplier_and_shift
+
+    rng = random.Random(1)
+    scales = [2.0 ** rng.uniform(-40, 0.9) for _ in range(2000)] + [1.0, 0.5, 1 - 2**-17, 2.0**-50]
+    multipliers, shifts = _compute_multiplier_and_shift(scales, 16)
+    assert [multiplier_and_shift(s, 16) for s in scales] == list(zip(multipliers, shifts))
+    # (v * m + 2**(shift-1)) >> shift on values an int48 holds, saturated to int16
+    v = torch.tensor([2**40, -(2**40), 3, -3])
+    assert rescale(v, [2.0**-25], 0, 0, torch.int16, multiplier_bits=16).tolist() == [32767, -32768, 0, 0]
+
+
+def test_a_sixteen_bit_observer_is_symmetric_over_the_observed_range_with_headroom():
+    obs = DomainObserver(observer="histogram", bits=16)
+    obs(torch.tensor([-0.5, 3.0, 1.0]))
+    t = obs.theta()
+    assert (t.zero_point, t.qmin, t.qmax, t.dtype) == (0, -32767, 32767, torch.int16)
+    assert math.isclose(t.scale, HEADROOM * 3.0 / 32767)  # headroom for held-out inputs (codecs.int16)
+    assert (obs.dtype, obs.quant_min, obs.qscheme) == (torch.int16, -32767, torch.per_tensor_symmetric)
+    obs.fake = True
+    x = torch.tensor([0.1234567, -4.0])
+    assert torch.equal(obs(x), torch.clamp(torch.round(x / t.scale), -32767, 32767) * t.scale)
+    obs.bits = 8
+    assert obs.theta().dtype == torch.int8 and obs.quant_max == 127
+
+
+def test_the_traffic_model_counts_each_domains_extra_byte():
+    m, x = small_models.mobile_block()
+    graph = PortGraph.from_program(torch.export.export(m, x))
+    placement = place(graph, CommutationTable.default(), "I", "nonlocal+share")
+    sem, plan = placement.semantics, placement.plan
+    elements = domain_code_elements(graph, sem, plan)
+    n = len(plan.domains)
+    base = measure(graph, sem, plan)
+    assert measure(graph, sem, plan, widths=[1] * n).traffic_bytes == base.traffic_bytes
+    assert measure(graph, sem, plan, widths=[2] * n).traffic_bytes == base.traffic_bytes + sum(elements)
+    assert all(e > 0 for e in elements)
