@@ -11,8 +11,8 @@ two precisions meet, as between any two domains. Two facts bound the choice:
 * the coded activation inputs of one operator share a precision: Arm's int16
   lowering of add, sub and mul refuses operands of two widths, and TOSA's
   MATMUL takes two operands of one type;
-* a convolution's input and output share a precision unless every reader of
-  its output RESCALEs it first (`_typed_like_input`).
+* a convolution's input and output share a precision unless only the program
+  output reads it (`_typed_like_input`).
 
 Domains tied so form one *group*, and a group is INT16 or INT8 as a whole.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from codec_tosa.commutation.table import CommutationTable, Row
+from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import Placement
 from codec_tosa.placement.semantics import CODE
@@ -106,14 +106,17 @@ def _typed_like_input(graph: PortGraph, placement: Placement, table: Commutation
 
     Arm's lowering types a convolution's output like its input, whatever the
     output's quantize says, and that type flows on through the convolutions, pools,
-    clamps and layout operators after it until an operator RESCALEs its inputs to
-    int32 (add, sub, mul, sum). An operator that checks or uses it then fails: an
-    AVG_POOL2D's zero point of the other width ("requires input zero-point dtype"),
-    a TABLE of the wrong size, an int16 convolution after a relu's CLAMP
-    accumulating in int32 (an invalid graph the reference model rejects). So a
-    convolution's input and output share one precision unless every reader of its
-    output RESCALEs it first (or is the program output, which reads the output
-    RESCALE's codes). Measured on the reference model (tests/test_precision.py)."""
+    clamps and layout operators after it. An operator that checks or uses it then
+    fails: an AVG_POOL2D's zero point of the other width ("requires input
+    zero-point dtype"), a TABLE of the wrong size, an int16 convolution after a
+    relu's CLAMP accumulating in int32 (an invalid graph the reference model
+    rejects), and even the int32 RESCALE in front of an add, when an int16-input
+    convolution's INT8 output has a zero point ("TOSA requires input_zp to be zero
+    when the input dtype is torch.int16"). So a convolution's input and output
+    share one precision unless only the program output reads it (the output
+    RESCALE's codes, typed by its quantize). Measured on the reference model
+    (tests/test_precision.py); widths then change at the outputs of add, sub and
+    mul, which RESCALE from int32."""
     row = table.lookup(graph.op_target[op])
     if row is None or not row.accumulates:
         return []
@@ -122,14 +125,9 @@ def _typed_like_input(graph: PortGraph, placement: Placement, table: Commutation
     out: list[tuple[int, int]] = []
     for v in graph.op_out[op]:
         d = plan.value_domain[v]
-        readers = [graph.in_op[p] for p in graph.val_uses[v]]
-        if d >= 0 and not all(r < 0 or _rescales_inputs(table.lookup(graph.op_target[r])) for r in readers):
+        if d >= 0 and any(graph.in_op[p] >= 0 for p in graph.val_uses[v]):
             out += [(d, i) for i in ins]
     return out
-
-
-def _rescales_inputs(row: Row | None) -> bool:
-    return row is not None and row.rescales_inputs
 
 
 def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrecision]:

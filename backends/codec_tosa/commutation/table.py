@@ -38,9 +38,6 @@ serve (docs/DESIGN.md, "Operator facts"):
   bit for bit (tests/test_precision.py lowers each such row at int16 on the
   reference model); a domain any other operator reads or writes stays INT8
   (docs/DESIGN.md, "Precision per domain");
-* `rescales_inputs`: Arm's INT lowering RESCALEs each coded input to int32 before
-  the operator (InsertRescaleInt32Pass: add, sub, mul, sum), so the width of
-  the codes it reads is taken from their quantize, not from the producer;
 * `int8_kernels`: the integer back ends other than Arm's (whose own
   quantizer says which operators its INT flow takes) that run this operator
   on codes with the row's encoded ports, each a `Kernel`: ``xnnpack`` for
@@ -73,7 +70,7 @@ OUT = "out"
 
 
 _FACT_KEYS = ("weight_axis", "out_channel_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if",
-              "accumulates", "fuses_activation", "int16", "rescales_inputs", "int8_kernels")
+              "accumulates", "fuses_activation", "int16", "int8_kernels")
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,6 @@ class Row:
     accumulates: bool = False
     fuses_activation: bool = False
     int16: bool = False
-    rescales_inputs: bool = False
     int8_kernels: tuple[Kernel, ...] = ()
 
     def kernel(self, backend: str) -> Kernel | None:
@@ -171,7 +167,6 @@ class Row:
             "accumulates": self.accumulates,
             "fuses_activation": self.fuses_activation,
             "int16": self.int16,
-            "rescales_inputs": self.rescales_inputs,
             "int8_kernels": {k.backend: k.to_json() for k in self.int8_kernels},
         }
 
@@ -197,7 +192,6 @@ class Row:
             accumulates=bool(d.get("accumulates", base.accumulates)),
             fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
             int16=bool(d.get("int16", base.int16)),
-            rescales_inputs=bool(d.get("rescales_inputs", base.rescales_inputs)),
             int8_kernels=(tuple(Kernel.from_json(b, k) for b, k in d["int8_kernels"].items())
                           if "int8_kernels" in d else base.int8_kernels),
         )
@@ -397,9 +391,10 @@ def _operator_rows() -> list[Row]:
         # V: monotone, grid to grid (see _monotone)
         *(_monotone(t) for t in CLAMPING_TARGETS),
         # I: Arm's INT8 lowering, new scale at the output (see _integer)
-        # RESCALE both to int32, ADD, RESCALE (mul: int32 MUL, one output RESCALE)
-        *(dataclasses.replace(_integer(f"aten.{op}.Tensor", ("self", "other")), rescales_inputs=True)
-          for op in ("add", "sub", "mul", "add_", "sub_", "mul_")),
+        _integer("aten.add.Tensor", ("self", "other")),  # RESCALE both to int32, ADD, RESCALE
+        _integer("aten.sub.Tensor", ("self", "other")),
+        _integer("aten.mul.Tensor", ("self", "other")),  # int32 MUL, one output RESCALE
+        *(_integer(f"aten.{op}_.Tensor", ("self", "other")) for op in ("add", "sub", "mul")),
         # TABLE: a 256-entry lookup from input codes to output codes
         _integer("aten.sigmoid.default", ("self",)),
         _integer("aten.tanh.default", ("self",)),
@@ -414,7 +409,7 @@ def _operator_rows() -> list[Row]:
         # keeps their theta (an INT8 REDUCE_MAX on codes)
         _integer("aten.exp.default", ("self",)),
         _integer("aten.reciprocal.default", ("self",)),
-        dataclasses.replace(_integer("aten.sum.dim_IntList", ("self",)), rescales_inputs=True),
+        _integer("aten.sum.dim_IntList", ("self",)),
         Row("aten.amax.default", "I", ("self", OUT), (("self", OUT),)),
         _averaging("aten.avg_pool2d.default"),
         _averaging("aten.mean.dim"),
