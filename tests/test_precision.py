@@ -237,6 +237,21 @@ def test_the_search_spends_bytes_only_where_the_budget_needs_them():
     assert costs == sorted(costs)
 
 
+def _worst_error(reference, outputs) -> float:
+    """A user metric (higher is better): minus the largest absolute error."""
+    return -max(float((r - o).abs().max()) for r, o in zip(reference, outputs))
+
+
+def test_a_user_metric_is_the_budget_when_given():
+    _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0,
+                                                metric=_worst_error)
+    probe = _search(quantizer, prepared, data, -1e9)  # any error meets it: all-INT8
+    assert probe.metric == "_worst_error" and probe.extra_bytes == 0 and probe.int8_score < probe.int16_score < 0
+    r = _search(quantizer, prepared, data, (probe.int8_score + probe.int16_score) / 2)
+    assert r.met and r.score >= r.budget and 0 < r.extra_bytes < r.int16_extra_bytes
+    assert all("dB" not in p.why for p in r.precisions if p.bits == BITS16)
+
+
 def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
     """The README's recipe: prepare, calibrate, choose_precision, convert_pt2e, export,
     Arm's own TOSAPartitioner at TOSA-1.0+INT+int16; the runtime equals the plan's
