@@ -35,8 +35,8 @@ serve (docs/DESIGN.md, "Operator facts"):
   annotates it the same way;
 * `int16`: Arm's INT lowering (TOSA-1.0+INT+int16, Ethos-U) takes the operator
   with INT16 codes on its activation ports, and the simulation reproduces it
-  bit for bit (tests/test_precision.py lowers each such row at int16 on the
-  reference model); a domain any other operator reads or writes stays INT8
+  bit for bit (tests/test_precision.py lowers each family of such rows at
+  int16 on the reference model); a domain any other operator reads or writes stays INT8
   (docs/DESIGN.md, "Precision per domain");
 * `int8_kernels`: the integer back ends other than Arm's (whose own
   quantizer says which operators its INT flow takes) that run this operator
