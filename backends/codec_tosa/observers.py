@@ -15,8 +15,9 @@ the quantizer and the partitioner give the same codes:
   reaches its readers through the clamp, so the clipped data is the data the
   plan observes.
   A domain at INT16 (`bits = 16`, docs/DESIGN.md, "Precision per domain") takes
-  the symmetric INT16 codec on the observed range: at 16 bits the histogram's
-  clipping would cut real values to save a step already 256 times finer.
+  the symmetric INT16 codec on the observed range (with its headroom,
+  `codecs.int16.HEADROOM`): at 16 bits the histogram's clipping would cut real
+  values to save a step that is never what limits accuracy.
   `fake = True` turns the observer into the fake quantisation of its theta,
   which is how the precision search evaluates a width assignment
   (`precision_search`) on the calibrated module.

@@ -16,14 +16,15 @@ assignment, with no re-export and no lowering. The steps:
    adds noise to first order), then each group of that prefix removed again,
    last first, while the budget still holds.
 
-That is G + log2(G) + G forward passes for G groups. A budget that all-INT16
+That is at most G + log2(G) + G forward passes for G groups (an assignment
+scored once is not scored again). A budget that all-INT16
 does not meet gives all-INT16 and says so.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -48,9 +49,8 @@ class SearchResult:
     score: float  # of the chosen widths, on the calibration data (fake quantisation)
     extra_bytes: int  # traffic the INT16 domains add over all-INT8
     int16_extra_bytes: int  # what all-INT16 would add
-    evaluations: int
+    evaluations: int  # forward passes of the calibrated module
     met: bool
-    trace: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "metric": self.metric, "met": self.met,
@@ -86,22 +86,22 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
     cost = [sum(elements[d] for d in g) for g in groups]
     observers = {d: quantizer._observers[key] for d, key in a.roots.items()}
-    evaluations = 0
+    scores: dict[frozenset[int], float] = {}  # by the set of INT16 groups: each one pass
 
     def score(int16: set[int]) -> float:
-        nonlocal evaluations
-        evaluations += 1
-        wide = {d for g in int16 for d in groups[g]}
-        for d, obs in observers.items():
-            obs.bits = BITS16 if d in wide else BITS8
-        with torch.no_grad():
-            outs = _batched([tensor_leaves(prepared(*x)) for x in data])
-        return float(metric(reference, outs))
+        key = frozenset(int16)
+        if key not in scores:
+            wide = {d for g in int16 for d in groups[g]}
+            for d, obs in observers.items():
+                obs.bits = BITS16 if d in wide else BITS8
+            with torch.no_grad():
+                outs = _batched([tensor_leaves(prepared(*x)) for x in data])
+            scores[key] = float(metric(reference, outs))
+        return scores[key]
 
     with _fake(prepared):
         everything = set(range(len(groups)))
         floor, ceiling = score(set()), score(everything)
-        trace: list[dict[str, Any]] = [{"int16_groups": 0, "score": floor}]
         alone: dict[int, float] = {}
         rank: dict[int, int] = {}
         if floor >= budget:
@@ -109,7 +109,7 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         elif ceiling < budget or not groups:
             chosen = everything
         else:
-            chosen = _prefix_then_prune(groups, cost, floor, budget, score, trace, alone, rank)
+            chosen = _prefix_then_prune(groups, cost, floor, budget, score, alone, rank)
         final = score(chosen)
     unit = "" if spec.metric else " dB"
     why: dict[int, str] = {}
@@ -130,13 +130,13 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     for d, obs in observers.items():
         obs.bits = BITS16 if d in int16 else BITS8
     return SearchResult(precisions, budget, getattr(spec.metric, "__name__", "metric") if spec.metric else "sqnr_db",
-                        floor, ceiling, final, sum(cost[g] for g in chosen), sum(cost), evaluations,
-                        final >= budget, trace)
+                        floor, ceiling, final, sum(cost[g] for g in chosen), sum(cost), len(scores),
+                        final >= budget)
 
 
 def _prefix_then_prune(groups: list[tuple[int, ...]], cost: list[int], floor: float, budget: float,
-                       score: Callable[[set[int]], float], trace: list[dict[str, Any]],
-                       alone: dict[int, float], rank: dict[int, int]) -> set[int]:
+                       score: Callable[[set[int]], float], alone: dict[int, float],
+                       rank: dict[int, int]) -> set[int]:
     """Steps 2 and 3 of the module docstring; fills each group's score `alone` at
     INT16 and its `rank` by noise cut per byte."""
     noise_floor = _noise(floor)
@@ -149,18 +149,14 @@ def _prefix_then_prune(groups: list[tuple[int, ...]], cost: list[int], floor: fl
     lo, hi = 1, len(order)  # the full order meets the budget (checked by the caller)
     while lo < hi:
         mid = (lo + hi) // 2
-        s = score(set(order[:mid]))
-        trace.append({"int16_groups": mid, "score": s})
-        if s >= budget:
+        if score(set(order[:mid])) >= budget:
             hi = mid
         else:
             lo = mid + 1
     chosen = set(order[:lo])
     for g in reversed(order[:lo]):  # drop what the budget does not need
-        s = score(chosen - {g})
-        if s >= budget:
+        if score(chosen - {g}) >= budget:
             chosen.discard(g)
-            trace.append({"dropped_group": g, "score": s})
     return chosen
 
 

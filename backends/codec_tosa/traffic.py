@@ -54,14 +54,14 @@ class Traffic:
         return self.traffic_bytes - self.codec_traffic_bytes
 
 
-def port_width(graph: PortGraph, sem: Semantics, port: int, code_bytes: int = CODE_BYTES) -> int:
-    """Bytes per element read through an in-port (`code_bytes`: its domain's code width)."""
-    return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else code_bytes
+def port_width(graph: PortGraph, sem: Semantics, port: int) -> int:
+    """Bytes per element read through an in-port."""
+    return graph.itemsize(graph.in_value[port]) if sem.in_sem[port] == PLAIN else CODE_BYTES
 
 
-def value_width(graph: PortGraph, sem: Semantics, value: int, code_bytes: int = CODE_BYTES) -> int:
+def value_width(graph: PortGraph, sem: Semantics, value: int) -> int:
     """Bytes per element written through an output port (and read by its decode)."""
-    return code_bytes if sem.out_code[value] else graph.itemsize(value)
+    return CODE_BYTES if sem.out_code[value] else graph.itemsize(value)
 
 
 def domain_code_elements(graph: PortGraph, sem: Semantics, plan: Plan) -> list[int]:

@@ -30,7 +30,6 @@ class Int16Symmetric:
     """Per-tensor symmetric INT16 activations (zero point 0)."""
 
     code_bytes = 2
-    dtype = torch.int16
 
     def learn(self, lo: float, hi: float) -> Theta:
         if not (math.isfinite(lo) and math.isfinite(hi)):
