@@ -223,7 +223,7 @@ def _vela(runs: list[Any]) -> dict[str, Any]:
     report = vela_report([{"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                            "operators": vela_operator_counts(r.log)} for r in runs])
     return {k: report[k] for k in ("delegates", "cycles_total", "cycles_npu", "sram_bytes", "off_chip_bytes",
-                                   "npu_ops", "cpu_ops")}
+                                   "npu_ops", "cpu_ops", "encoded_weight_bytes")}
 
 
 def runnable(pte: bytes) -> bytes:

@@ -5,6 +5,8 @@ Per model and Ethos-U target, every flow gets the same module, calibration and h
 
 * ``stock-a8w8``: Arm's documented flow, `EthosUQuantizer` + `get_symmetric_quantization_config()`;
 * ``stock-a16w8``: the same with `get_symmetric_a16w8_quantization_config()` set globally;
+* ``stock-a8w4``: the same with Arm's `get_symmetric_a8w4_quantization_config(is_qat=False)`
+  (INT4 weights, -7..7, on every convolution and linear);
 * ``stock-a8w8+hand``: stock a8w8 with a16w8 set (`set_module_name`) on the modules whose
   outputs ours-auto put at INT16 at the middle budget: what a user tuning by hand from our
   report would build;
@@ -12,9 +14,16 @@ Per model and Ethos-U target, every flow gets the same module, calibration and h
 * ``ours-auto@B``: ``precision="auto", budget=B`` for budgets spread between ours-int8's and
   ours-int16's search scores and one 0.5 dB short of ours-int16's (the frontier), through
   the PT2E API the README shows, the search scoring on the first 16 calibration inputs
-  (prepare, calibrate, ``choose_precision``, convert_pt2e, `EthosUPartitioner`).
+  (prepare, calibrate, ``choose_precision``, convert_pt2e, `EthosUPartitioner`);
+* ``ours-int8w4``: every int4-capable weight INT4 (``weights="int4"``), activations INT8;
+* ``ours-auto+w4@B``: ``precision="auto", weights="auto"``: each domain's and each
+  weight's width searched, at the same budgets, and at ours-int8's search score (the
+  accuracy of all-INT8, spending INT4 weights' savings on INT16 domains);
+* ``ours-top1+w4`` (trained models): ``weights="auto"`` with a user metric, top-1
+  agreement with FP32 on the search inputs, as the budget (1.0: every one agrees).
 
-Columns: Vela's cycles, SRAM used and off-chip bytes; the TOSA Vela was given: operators,
+Columns: Vela's cycles, SRAM used, off-chip bytes and encoded weight bytes
+(`total_npu_encoded_weights`: what INT4 weights cut); the TOSA Vela was given: operators,
 unfused and fused traffic, weight bytes (its constant tensors); SQNR of the artefact's
 outputs against FP32 eager, pooled over the held-out inputs (the program run in the
 ExecuTorch runtime with each Ethos-U delegate replaced by that TOSA, on the reference
@@ -95,12 +104,14 @@ def _stock_quantizer(target: str, config: str, hand: Sequence[str] = ()) -> Any:
         get_symmetric_a16w8_quantization_config,
         get_symmetric_quantization_config,
     )
+    from executorch.backends.arm.quantizer.arm_quantizer import get_symmetric_a8w4_quantization_config
 
     from codec_tosa import arm_adapter
 
     q = EthosUQuantizer(arm_adapter.ethos_u_compile_spec(target))
-    q.set_global(get_symmetric_a16w8_quantization_config() if config == "a16w8"
-                 else get_symmetric_quantization_config())
+    q.set_global({"a16w8": get_symmetric_a16w8_quantization_config,
+                  "a8w4": lambda: get_symmetric_a8w4_quantization_config(is_qat=False)}.get(
+                      config, get_symmetric_quantization_config)())
     for name in hand:
         q.set_module_name(name, get_symmetric_a16w8_quantization_config())
     return q
@@ -178,7 +189,8 @@ def _row(flow: str, lowered: dict[str, Any], ref: list[torch.Tensor], tests: lis
         _RUNS[key] = _outputs(lowered["pte"], tests)
     got = _RUNS[key]
     row: dict[str, Any] = {"flow": flow, **{k: lowered["vela"][k] for k in
-                                            ("cycles_total", "sram_bytes", "off_chip_bytes", "npu_ops", "cpu_ops")},
+                                            ("cycles_total", "sram_bytes", "off_chip_bytes", "npu_ops", "cpu_ops",
+                                             "encoded_weight_bytes")},
                            **_tosa_figures(lowered["tosa"]), "sqnr_db": _sqnr(ref, got),
                            "compile_s": lowered["compile_s"], "search_s": lowered["search_s"]}
     if labels:
@@ -208,6 +220,18 @@ def _simulation_steps(quantizer: Any, lowered: dict[str, Any], tests: list[tuple
         for s, g, step in zip(sim, got, steps):
             worst = max(worst, float((s - g.reshape(s.shape)).abs().max()) / step if step else 0.0)
     return worst
+
+
+def top1_agreement(reference: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
+    """A user metric: the share of search inputs whose top-1 class is FP32's (the
+    search batches each output over the inputs: (1, N * classes))."""
+    ref, out = reference[0].reshape(-1, 10), outputs[0].reshape(-1, 10)
+    return float((ref.argmax(1) == out.argmax(1)).float().mean())
+
+
+def _int4(quantizer: Any) -> dict[str, int]:
+    weights = quantizer.weight_precisions
+    return {"int4_weights": sum(1 for w in weights if w.bits == 4), "int4_capable": len(weights)}
 
 
 def _module_names(quantizer: Any) -> list[str]:
@@ -254,20 +278,21 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> i
                   file=sys.stderr, flush=True)
             return lowered
 
-        for config in ("a8w8", "a16w8"):
+        for config in ("a8w8", "a16w8", "a8w4"):
             record(f"stock-{config}", lambda c=config: (_lower(_stock_quantizer(target, c), module, example, calib,
                                                                 target), {}))
         scores: dict[str, float] = {}
-        for precision in ("int8", "int16"):
-            def ours(p: str = precision) -> tuple[dict[str, Any], dict[str, Any]]:
-                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p))
+        for flow, precision, weights in (("int8", "int8", "int8"), ("int16", "int16", "int8"),
+                                         ("int8w4", "int8", "int4")):
+            def ours(p: str = precision, w: str = weights) -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p, weights=w))
                 low = _lower(q, module, example, calib, target)
-                return low, {"steps_vs_simulation": _simulation_steps(q, low, tests)}
-            record(f"ours-{precision}", ours)
+                return low, {"steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
+            record(f"ours-{flow}", ours)
         # the search's own scores of all-INT8 and all-INT16 span the frontier's budgets
         probe = CodecQuantizer(CodecSpec(policy="I", target=target, precision="auto", budget=0.0))
         _lower(probe, module, example, calib, target, auto=True)
-        lo, hi = probe.search_result.int8_score, probe.search_result.int16_score
+        lo, hi = probe.search_result.floor_score, probe.search_result.ceiling_score
         hand: list[str] = []
         # `budgets` points spread between all-INT8's and all-INT16's search scores, and
         # one 0.5 dB short of all-INT16 (the issue's "a16w8's SQNR - 0.5 dB" point)
@@ -285,6 +310,26 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> i
                              "domains": len(r.precisions), "search_evaluations": r.evaluations,
                              "steps_vs_simulation": _simulation_steps(q, low, tests)}
             record(f"ours-auto@{budget:g}", auto)
+        for budget in [round(lo, 1)] + points:
+
+            def auto_w4(b: float = budget) -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision="auto", weights="auto", budget=b))
+                low = _lower(q, module, example, calib, target, auto=True)
+                r = q.search_result
+                return low, {"budget_db": b, "search_score_db": r.score, "int16_domains": len(r.to_json()["int16_domains"]),
+                             "domains": len(r.precisions), "search_evaluations": r.evaluations,
+                             "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
+            record(f"ours-auto+w4@{budget:g}", auto_w4)
+        if labels:  # trained: INT4 weights wherever FP32's top-1 holds on the search data
+
+            def top1_w4() -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, weights="auto", metric=top1_agreement,
+                                             budget=1.0))
+                low = _lower(q, module, example, calib, target, auto=True)
+                r = q.search_result
+                return low, {"budget": "top-1 = FP32's", "search_score": r.score, "search_evaluations": r.evaluations,
+                             "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
+            record("ours-top1+w4", top1_w4)
         if hand:
             record("stock-a8w8+hand", lambda: (_lower(_stock_quantizer(target, "a8w8", hand), module, example, calib,
                                                       target), {"a16w8_modules": hand}))
@@ -312,8 +357,9 @@ def markdown(data: dict[str, Any]) -> str:
             base = next((r for r in rows if r["flow"] == "stock-a8w8" and "error" not in r), None)
             trained = any("clean_disagree" in r for r in rows)
             head = ["flow", "cycles", "x a8w8", "SRAM KiB", "off-chip KiB", "TOSA MiB", "fused MiB", "weights KiB",
-                    "SQNR dB"] + (["SQNR clean/noisy", "disagree clean/noisy"] if trained else []) + \
-                ["int16 domains", "steps vs sim"]
+                    "NPU weights KiB", "x a8w8", "SQNR dB"] + \
+                (["SQNR clean/noisy", "disagree clean/noisy"] if trained else []) + \
+                ["int16 domains", "int4 weights", "steps vs sim"]
             out += [f"**{model}, {target}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for r in rows:
                 if "error" in r:
@@ -322,12 +368,17 @@ def markdown(data: dict[str, Any]) -> str:
                 ratio = f"{r['cycles_total'] / base['cycles_total']:.3f}" if base else ""
                 cells = [r["flow"], str(r["cycles_total"]), ratio, f"{r['sram_bytes'] / 1024:.0f}",
                          f"{r['off_chip_bytes'] / 1024:.0f}", f"{r['traffic_bytes'] / 2**20:.3f}",
-                         f"{r['fused_traffic_bytes'] / 2**20:.3f}", f"{r['weight_bytes'] / 1024:.1f}",
-                         f"{r['sqnr_db']:.1f}"]
+                         f"{r['fused_traffic_bytes'] / 2**20:.3f}", f"{r['weight_bytes'] / 1024:.1f}"]
+                encoded = r.get("encoded_weight_bytes")
+                cells += [f"{encoded / 1024:.1f}" if encoded is not None else "",
+                          f"{encoded / base['encoded_weight_bytes']:.3f}"
+                          if encoded is not None and base and base.get("encoded_weight_bytes") else "",
+                          f"{r['sqnr_db']:.1f}"]
                 if trained:
                     cells += [f"{r['clean_sqnr_db']:.1f}/{r['noisy_sqnr_db']:.1f}",
                               f"{r['clean_disagree']}/{r['noisy_disagree']}"]
                 cells += [f"{r['int16_domains']}/{r['domains']}" if "int16_domains" in r else "",
+                          f"{r['int4_weights']}/{r['int4_capable']}" if "int4_weights" in r else "",
                           f"{r['steps_vs_simulation']:g}" if "steps_vs_simulation" in r else ""]
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")
@@ -347,8 +398,11 @@ def plot(data: dict[str, Any], path: Path) -> None:
                              squeeze=False)
     for ax, (model, target, rows) in zip(axes.flat, panels):
         ok = [r for r in rows if "error" not in r]
-        ours = sorted((r for r in ok if r["flow"].startswith("ours")), key=lambda r: r["cycles_total"])
-        ax.plot([r["cycles_total"] for r in ours], [r["sqnr_db"] for r in ours], "o-", label="ours (int8, auto, int16)")
+        for label, flows in (("ours (int8, auto, int16)", lambda f: f in ("ours-int8", "ours-int16")
+                              or f.startswith("ours-auto@")),
+                             ("ours, int4 weights searched", lambda f: f == "ours-int8w4" or f.startswith("ours-auto+w4@"))):
+            ours = sorted((r for r in ok if flows(r["flow"])), key=lambda r: r["cycles_total"])
+            ax.plot([r["cycles_total"] for r in ours], [r["sqnr_db"] for r in ours], "o-", label=label)
         for r in ok:
             if r["flow"].startswith("stock"):
                 ax.plot(r["cycles_total"], r["sqnr_db"], "s", label=r["flow"])

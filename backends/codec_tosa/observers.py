@@ -21,8 +21,8 @@ the quantizer and the partitioner give the same codes:
   `fake = True` turns the observer into the fake quantisation of its theta,
   which is how the precision search evaluates a width assignment
   (`precision_search`) on the calibrated module.
-* `WeightObserver`: symmetric INT8 per output channel (`Int8Affine.learn_weight`);
-  with `fake`, the weight's fake quantisation.
+* `WeightObserver`: symmetric INT8 per output channel (`Int8Affine.learn_weight`), or
+  INT4 (`bits = 4`, `codecs.int4`); with `fake`, the weight's fake quantisation.
 * `bias_qparams`: an INT8 convolution's int32 bias codes at ``s_in * s_w[c]``.
 
 Scales are returned as float64 tensors: torchao's convert writes
@@ -40,6 +40,7 @@ from torchao.quantization.pt2e.observer import ObserverBase
 
 from codec_tosa.calibration import HISTOGRAM, HISTOGRAM_EPS, MINMAX, NO_FINITE_RANGE, finite_values
 from codec_tosa.codecs.base import Theta
+from codec_tosa.codecs.int4 import INT4_WEIGHT_CODEC, QMAX4
 from codec_tosa.codecs.int16 import INT16_CODEC, QMAX16, QMIN16
 from codec_tosa.codecs.int8 import (
     DEFAULT_CODEC,
@@ -139,33 +140,52 @@ class DomainObserver(ObserverBase):
 
 
 class WeightObserver(ObserverBase):
-    """Symmetric INT8 weight scales, one per channel along `ch_axis` (None: one per tensor)."""
+    """Symmetric weight scales, one per channel along `ch_axis` (None: one per tensor):
+    INT8 codes in [-127, 127], or at `bits = 4` Arm's a8w4 INT4 codes in [-7, 7]
+    (`codecs.int4`), which convert_pt2e writes as the weight's quantize range and Arm
+    then stores as a TOSA INT4 constant."""
 
-    def __init__(self, dtype: torch.dtype = torch.int8, ch_axis: int | None = 0, **_: Any) -> None:
+    def __init__(self, dtype: torch.dtype = torch.int8, ch_axis: int | None = 0, bits: int = 8,
+                 label: str = "", **_: Any) -> None:
         super().__init__(dtype=dtype)
         self.ch_axis = ch_axis
         self.qscheme = torch.per_channel_symmetric if ch_axis is not None else torch.per_tensor_symmetric
-        self.quant_min, self.quant_max = -QMAX, QMAX
+        self.label = label  # the operator whose weight it is, for error messages
+        self._bits = 8
+        self.bits = bits
         self.weight: torch.Tensor | None = None
         self.fake = False  # forward fake-quantises the weight (the precision search)
+
+    @property
+    def bits(self) -> int:
+        """The weight's code width: 8 (INT8, the default) or 4 (INT4)."""
+        return self._bits
+
+    @bits.setter
+    def bits(self, bits: int) -> None:
+        if bits not in (8, 4):
+            raise ValueError(f"weight of {self.label or 'an operator'}: weight codes are 8 or 4 bits, not {bits}")
+        self._bits = bits
+        self.quant_min, self.quant_max = weight_range(bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fake:
             scales = self.scales().double()
             zeros = torch.zeros(len(scales), dtype=torch.int32)
             if self.ch_axis is None:
-                return torch.fake_quantize_per_tensor_affine(x, float(scales[0]), 0, -QMAX, QMAX)
+                return torch.fake_quantize_per_tensor_affine(x, float(scales[0]), 0, self.quant_min, self.quant_max)
             return torch.fake_quantize_per_channel_affine(x, scales.float(), zeros, self.ch_axis % x.dim(),
-                                                          -QMAX, QMAX)
+                                                          self.quant_min, self.quant_max)
         self.weight = x.detach()  # a constant: the last one seen is the one
         return x
 
     def scales(self) -> torch.Tensor:
         if self.weight is None:
             raise ValueError("weight observer: the weight was never observed (run calibration first)")
+        codec = INT4_WEIGHT_CODEC if self._bits == 4 else DEFAULT_CODEC
         if self.ch_axis is None:
-            return DEFAULT_CODEC.learn_weight(self.weight.reshape(1, -1), axis=0).scales
-        return DEFAULT_CODEC.learn_weight(self.weight, axis=self.ch_axis).scales
+            return codec.learn_weight(self.weight.reshape(1, -1), axis=0).scales
+        return codec.learn_weight(self.weight, axis=self.ch_axis).scales
 
     def calculate_qparams(self, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         scales = self.scales()
@@ -173,6 +193,12 @@ class WeightObserver(ObserverBase):
         if self.ch_axis is None:
             return scales[:1].double(), zero_points[:1]
         return scales, zero_points
+
+
+def weight_range(bits: int) -> tuple[int, int]:
+    """The code range of a weight at `bits` (what its quantize node says)."""
+    qmax = QMAX4 if bits == 4 else QMAX
+    return -qmax, qmax
 
 
 def bias_qparams(observers: list[ObserverBase]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,4 +212,4 @@ def bias_qparams(observers: list[ObserverBase]) -> tuple[torch.Tensor, torch.Ten
     return scales, torch.zeros(len(scales), dtype=torch.int32)
 
 
-__all__ = ["DomainObserver", "INT32_QMAX", "INT32_QMIN", "WeightObserver", "bias_qparams"]
+__all__ = ["DomainObserver", "INT32_QMAX", "INT32_QMIN", "WeightObserver", "bias_qparams", "weight_range"]

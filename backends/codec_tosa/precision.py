@@ -16,8 +16,13 @@ two precisions meet, as between any two domains. Two facts bound the choice:
 
 Domains tied so form one *group*, and a group is INT16 or INT8 as a whole.
 
+Weights have a width of their own: INT8, or INT4 (Arm's a8w4) where the row says
+Arm lowers it (`Row.int4`: convolutions and linears) and the input domain is
+INT8, as TOSA has no int16 x int4 convolution (`int4_weights`, `weight_bits`).
+
 `assign` gives each domain its width for a spec's fixed precision (``int8``,
-``int16``, or ``int16_domains`` by hand); ``auto`` is `precision_search`'s.
+``int16``, or ``int16_domains`` by hand), `assign_weights` each weight's for a
+fixed ``weights``; ``auto`` is `precision_search`'s.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from typing import Any, Mapping
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import Placement
-from codec_tosa.placement.semantics import CODE
+from codec_tosa.placement.semantics import CODE, WEIGHT
 from codec_tosa.placement.unionfind import UnionFind
-from codec_tosa.spec import AUTO, INT16, CodecSpec
+from codec_tosa.spec import AUTO, INT4, INT16, CodecSpec
 
-BITS8, BITS16 = 8, 16
+BITS4, BITS8, BITS16 = 4, 8, 16
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,30 @@ class DomainPrecision:
 
     def to_json(self) -> dict[str, Any]:
         return {"domain": self.domain, "bits": self.bits, "why": self.why}
+
+
+@dataclass(frozen=True)
+class WeightPrecision:
+    """One weight's width and why (report.json, `codec-tosa report`)."""
+
+    op: int  # the operator reading it, in the port graph
+    name: str  # that operator's node
+    bits: int
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"operator": self.name, "bits": self.bits, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """A weight that may be INT4: its operator, the domain of that operator's coded
+    input (INT16 there keeps the weight INT8) and its element count."""
+
+    op: int
+    name: str
+    input_domain: int
+    elements: int
 
 
 @dataclass(frozen=True)
@@ -130,6 +159,46 @@ def _typed_like_input(graph: PortGraph, placement: Placement, table: Commutation
     return out
 
 
+def int4_weights(graph: PortGraph, placement: Placement, table: CommutationTable) -> list[Int4Weight]:
+    """The weights that may be INT4: those of operators whose row has `int4`, with one
+    coded activation input (module docstring)."""
+    plan, sem = placement.plan, placement.semantics
+    out: list[Int4Weight] = []
+    for op in range(graph.num_ops):
+        row = table.lookup(graph.op_target[op])
+        if row is None or not row.int4:
+            continue
+        weights = [p for p in graph.op_in[op] if sem.in_sem[p] == WEIGHT]
+        coded = [plan.in_domain[p] for p in graph.op_in[op] if sem.in_sem[p] == CODE and plan.in_domain[p] >= 0]
+        if len(weights) != 1 or len(coded) != 1:
+            continue
+        out.append(Int4Weight(op, graph.op_name[op], coded[0], graph.numel(graph.in_value[weights[0]])))
+    return out
+
+
+def weight_bits(weight: Int4Weight, int4: bool, domain_bits: Mapping[int, int]) -> int:
+    """A weight's width: INT4 if asked and its input domain is INT8, else INT8."""
+    return BITS4 if int4 and domain_bits.get(weight.input_domain, BITS8) == BITS8 else BITS8
+
+
+def kept_int8(weight: Int4Weight) -> str:
+    """Why a weight that may be INT4 is INT8 under an INT16 input domain."""
+    return f"int8: its input domain {weight.input_domain} is int16 (TOSA has no int16 x int4 convolution)"
+
+
+def assign_weights(spec: CodecSpec, weights: list[Int4Weight], domain_bits: Mapping[int, int]
+                   ) -> list[WeightPrecision]:
+    """Each weight's width for the spec's fixed weight precision (not ``auto``)."""
+    if spec.weights == AUTO:
+        raise ValueError("weights auto: the widths are the search's (precision_search.search)")
+    out = []
+    for w in weights:
+        bits = weight_bits(w, spec.weights == INT4, domain_bits)
+        why = f"weights {spec.weights}" if bits == BITS4 or spec.weights != INT4 else kept_int8(w)
+        out.append(WeightPrecision(w.op, w.name, bits, why))
+    return out
+
+
 def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrecision]:
     """Each domain's width for the spec's fixed precision (not ``auto``: the search's)."""
     if spec.precision == AUTO:
@@ -155,4 +224,5 @@ def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrec
     return out
 
 
-__all__ = ["BITS16", "BITS8", "DomainPrecision", "Groups", "assign", "int16_groups"]
+__all__ = ["BITS16", "BITS4", "BITS8", "DomainPrecision", "Groups", "Int4Weight", "WeightPrecision", "assign",
+           "assign_weights", "int16_groups", "int4_weights", "kept_int8", "weight_bits"]

@@ -1,24 +1,37 @@
-"""``precision="auto"``: the least traffic whose accuracy meets the budget (docs/DESIGN.md,
-"Precision per domain").
+"""``precision="auto"`` and ``weights="auto"``: the least traffic whose accuracy meets the
+budget (docs/DESIGN.md, "Precision per domain").
 
 The search runs on the calibrated PT2E module, before convert_pt2e: every
-observer of it becomes the fake quantisation of its theta at its domain's width
-(`observers.DomainObserver.fake`), so one forward pass evaluates one width
-assignment, with no re-export and no lowering. The steps:
+observer of it becomes the fake quantisation of its theta at its width
+(`observers.DomainObserver.fake`, `observers.WeightObserver.fake`), so one forward
+pass evaluates one width assignment, with no re-export and no lowering.
 
-1. the score of all-INT8 (the floor: SQNR in dB of the worst output against
-   the FP32 module on the calibration data, or the user's metric); if it meets
-   the budget, every domain stays INT8;
-2. each int16 group (`precision.Groups`) alone at INT16: its noise reduction
-   over all-INT8, per byte it adds (`traffic.domain_code_elements`);
-3. groups in order of that ratio, best first: the shortest prefix that meets
-   the budget (a binary search over prefix lengths, as adding a group never
-   adds noise to first order), then each group of that prefix removed again,
-   last first, while the budget still holds.
+It starts from the cheapest assignment the spec allows: every searched domain
+INT8, every searched weight INT4 where it may be (`precision.int4_weights`). A
+*move* makes it wider: one int16 group (`precision.Groups`) at INT16, or one weight
+at INT8. A move's cost is the bytes it adds per inference in the traffic model
+(an INT16 domain moves each of its code elements in two bytes, not one:
+`traffic.domain_code_elements`; a weight at INT8 is half a byte more per element;
+an INT16 group also takes the INT4 weights it feeds back to INT8, as TOSA has no
+int16 x int4 convolution). The steps:
 
-That is at most G + log2(G) + G forward passes for G groups (an assignment
-scored once is not scored again). A budget that all-INT16
-does not meet gives all-INT16 and says so.
+1. the domains, with every searched weight INT8: the score of all-INT8 domains
+   (SQNR in dB of the worst output against the FP32 module on the calibration
+   data, or the user's metric); if it meets the budget, no domain is INT16.
+   Otherwise each int16 group alone at INT16: its noise reduction per byte it
+   adds; groups in that order, best first, the shortest prefix that meets the
+   budget (a binary search over prefix lengths, as a wider code never adds noise
+   to first order), then each group of that prefix undone again, last first,
+   while the budget still holds;
+2. the weights, on top of those widths: each searched weight at INT4, the most
+   bytes first, kept where the budget still holds. The domains come first because
+   INT4 weights cost far more accuracy than INT8 domains do (ResNet-8 with every
+   weight INT4: 20.7 dB against 38.3; benchmarks/RESULTS.md): measured from an
+   all-INT4 floor, the domains' gains are lost in the weights' noise.
+
+That is at most G + log2(G) + G + W forward passes for G groups and W weights (an
+assignment scored once is not scored again). A budget that every move together
+does not meet gives every move, and says so.
 """
 
 from __future__ import annotations
@@ -30,11 +43,23 @@ from typing import Any, Callable, Sequence
 import torch
 
 from codec_tosa.observers import DomainObserver, WeightObserver
-from codec_tosa.precision import BITS8, BITS16, DomainPrecision
+from codec_tosa.precision import (
+    BITS4,
+    BITS8,
+    BITS16,
+    DomainPrecision,
+    WeightPrecision,
+    assign,
+    kept_int8,
+    weight_bits,
+)
 from codec_tosa.pytrees import tensor_leaves
+from codec_tosa.spec import AUTO, INT4
 from codec_tosa.traffic import domain_code_elements
 
 Metric = Callable[[list[torch.Tensor], list[torch.Tensor]], float]
+# bytes a weight element adds at INT8 over INT4
+WEIGHT_BYTES_PER_ELEMENT = (BITS8 - BITS4) / 8
 
 
 @dataclass
@@ -42,22 +67,24 @@ class SearchResult:
     """What the search chose and measured (report.json's ``precision``)."""
 
     precisions: list[DomainPrecision]
+    weights: list[WeightPrecision]
     budget: float
     metric: str  # "sqnr_db" or the user metric's name
-    int8_score: float
-    int16_score: float
+    floor_score: float  # the cheapest assignment's (no move)
+    ceiling_score: float  # every move's
     score: float  # of the chosen widths, on the calibration data (fake quantisation)
-    extra_bytes: int  # traffic the INT16 domains add over all-INT8
-    int16_extra_bytes: int  # what all-INT16 would add
+    extra_bytes: int  # traffic the chosen moves add over the cheapest assignment
+    all_extra_bytes: int  # what every move would add
     evaluations: int  # forward passes of the calibrated module
     met: bool
 
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "metric": self.metric, "met": self.met,
-                "int8_score": self.int8_score, "int16_score": self.int16_score, "score": self.score,
-                "extra_bytes": self.extra_bytes, "int16_extra_bytes": self.int16_extra_bytes,
+                "floor_score": self.floor_score, "ceiling_score": self.ceiling_score, "score": self.score,
+                "extra_bytes": self.extra_bytes, "all_extra_bytes": self.all_extra_bytes,
                 "evaluations": self.evaluations,
-                "int16_domains": [p.domain for p in self.precisions if p.bits == BITS16]}
+                "int16_domains": [p.domain for p in self.precisions if p.bits == BITS16],
+                "int4_weights": [w.name for w in self.weights if w.bits == BITS4]}
 
 
 def sqnr_db(reference: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:
@@ -72,80 +99,154 @@ def sqnr_db(reference: list[torch.Tensor], outputs: list[torch.Tensor]) -> float
     return worst
 
 
+class _Space:
+    """The widths one set of moves gives, and what they cost (module docstring)."""
+
+    def __init__(self, quantizer: Any) -> None:
+        spec, a = quantizer.spec, quantizer._require()
+        self.n = len(a.placement.plan.domains)
+        self.groups = list(a.groups.groups) if spec.precision == AUTO else []
+        self.fixed = ({} if spec.precision == AUTO else
+                      {p.domain: p.bits for p in assign(spec, a.groups, self.n)})
+        self.weights = list(a.int4)
+        self.weights_searched = spec.weights == AUTO
+        self.weights_int4 = spec.weights == INT4
+        # a move: ("group", g) or ("weight", k); weights only where INT4 may hold
+        self.moves = [("group", g) for g in range(len(self.groups))]
+        self.moves += [("weight", k) for k in range(len(self.weights)) if self.weights_searched]
+        self.elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
+
+    def domain_bits(self, moves: frozenset[int]) -> dict[int, int]:
+        if self.fixed:
+            return dict(self.fixed)
+        wide = {d for m in moves if self.moves[m][0] == "group" for d in self.groups[self.moves[m][1]]}
+        return {d: BITS16 if d in wide else BITS8 for d in range(self.n)}
+
+    def weight_bits(self, moves: frozenset[int], domains: dict[int, int]) -> dict[int, int]:
+        wider = {self.moves[m][1] for m in moves if self.moves[m][0] == "weight"}
+        int4 = self.weights_int4 or self.weights_searched
+        return {w.op: weight_bits(w, int4 and k not in wider, domains) for k, w in enumerate(self.weights)}
+
+    def cost(self, moves: frozenset[int]) -> int:
+        """Bytes per inference over the cheapest assignment."""
+        base_d, d = self.domain_bits(frozenset()), self.domain_bits(moves)
+        base_w, w = self.weight_bits(frozenset(), base_d), self.weight_bits(moves, d)
+        extra = sum(self.elements[k] * (d[k] - base_d[k]) // 8 for k in d)
+        extra += sum(x.elements * WEIGHT_BYTES_PER_ELEMENT for x in self.weights if w[x.op] > base_w[x.op])
+        return int(extra)
+
+
 def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]]) -> SearchResult:
-    """The widths for `quantizer`'s spec (precision auto), on calibrated `prepared`."""
+    """The widths for `quantizer`'s spec (precision or weights auto), on calibrated `prepared`."""
     spec = quantizer.spec
     a = quantizer._require()
-    groups = list(a.groups.groups)
-    n = len(a.placement.plan.domains)
+    space = _Space(quantizer)
     budget = float(spec.budget)
     metric: Metric = spec.metric or sqnr_db
     fp32 = quantizer.fp32_module()
     with torch.no_grad():
         reference = _batched([tensor_leaves(fp32(*x)) for x in data])
-    elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
-    cost = [sum(elements[d] for d in g) for g in groups]
     observers = {d: quantizer._observers[key] for d, key in a.roots.items()}
-    scores: dict[frozenset[int], float] = {}  # by the set of INT16 groups: each one pass
+    weight_observers = {op: quantizer._observers[key] for op, key in a.weight_roots.items()}
+    scores: dict[frozenset[int], float] = {}  # by the set of moves: each one pass
 
-    def score(int16: set[int]) -> float:
-        key = frozenset(int16)
+    def apply(moves: frozenset[int]) -> None:
+        domains = space.domain_bits(moves)
+        for d, obs in observers.items():
+            obs.bits = domains[d]
+        for op, bits in space.weight_bits(moves, domains).items():
+            weight_observers[op].bits = bits
+
+    def score(moves: set[int]) -> float:
+        key = frozenset(moves)
         if key not in scores:
-            wide = {d for g in int16 for d in groups[g]}
-            for d, obs in observers.items():
-                obs.bits = BITS16 if d in wide else BITS8
+            apply(key)
             with torch.no_grad():
                 outs = _batched([tensor_leaves(prepared(*x)) for x in data])
             scores[key] = float(metric(reference, outs))
         return scores[key]
 
+    everything = set(range(len(space.moves)))
+    cost = [space.cost(frozenset({m})) for m in everything]
+    groups = [m for m in everything if space.moves[m][0] == "group"]
+    weights_wide = {m for m in everything if space.moves[m][0] == "weight"}
+    alone: dict[int, float] = {}  # a group move's score alone; a weight's score at INT4
+    rank: dict[int, int] = {}
     with _fake(prepared):
-        everything = set(range(len(groups)))
         floor, ceiling = score(set()), score(everything)
-        alone: dict[int, float] = {}
-        rank: dict[int, int] = {}
-        if floor >= budget:
-            chosen: set[int] = set()
-        elif ceiling < budget or not groups:
-            chosen = everything
+        # 1. the domains, with every searched weight INT8
+        low = score(weights_wide)
+        if low >= budget or not groups:
+            chosen = set(weights_wide)
+        elif ceiling < budget:
+            chosen = set(everything)
         else:
-            chosen = _prefix_then_prune(groups, cost, floor, budget, score, alone, rank)
+            chosen = weights_wide | _prefix_then_prune(groups, cost, low, budget,
+                                                       lambda moves: score(moves | weights_wide), alone, rank)
+        # 2. each weight at INT4 on top, the most bytes first, while the budget holds
+        for m in sorted(weights_wide, key=lambda m: (-cost[m], m)):
+            if score(chosen) < budget:
+                break
+            alone[m] = score(chosen - {m})
+            if alone[m] >= budget:
+                chosen.discard(m)
         final = score(chosen)
     unit = "" if spec.metric else " dB"
-    why: dict[int, str] = {}
-    for g, members in enumerate(groups):
-        if floor >= budget:
-            text = f"int8: all-int8 meets the budget ({floor:.1f}{unit} >= {budget:g}{unit})"
-        elif ceiling < budget:
-            text = f"int16: the budget is out of reach (all-int16 {ceiling:.1f}{unit} < {budget:g}{unit})"
+
+    def why(m: int, wide: str, narrow: str) -> str:
+        if space.moves[m][0] == "weight":
+            if m not in alone:
+                return f"{wide}: the domains' widths alone do not meet the budget"
+            if m in chosen:
+                return f"{wide}: at {narrow} the score falls to {alone[m]:.1f}{unit} < {budget:g}{unit}"
+            return f"{narrow}: the budget holds with it ({alone[m]:.1f}{unit}; {cost[m]} bytes saved)"
+        if low >= budget:
+            return f"{narrow}: int8 domains meet the budget ({low:.1f}{unit} >= {budget:g}{unit})"
+        if ceiling < budget:
+            return f"{wide}: the budget is out of reach (every move {ceiling:.1f}{unit} < {budget:g}{unit})"
+        verdict = wide if m in chosen else f"{narrow}: the budget holds without it"
+        return (f"{verdict} (rank {rank[m] + 1} of {len(groups)} by noise cut per byte: alone "
+                f"{alone[m]:.1f}{unit}, +{cost[m]} bytes)")
+
+    domains = space.domain_bits(frozenset(chosen))
+    weights = space.weight_bits(frozenset(chosen), domains)
+    domain_why: dict[int, str] = {}
+    weight_why: dict[int, str] = {}
+    for m, (kind, k) in enumerate(space.moves):
+        if kind == "group":
+            for d in space.groups[k]:
+                domain_why[d] = why(m, "int16", "int8")
         else:
-            verdict = "int16" if g in chosen else "int8: the budget holds without it"
-            text = (f"{verdict} (rank {rank[g] + 1} of {len(groups)} by noise cut per byte: alone at int16 "
-                    f"{alone[g]:.1f}{unit}, +{cost[g]} bytes)")
-        for d in members:
-            why[d] = text
-    int16 = {d for g in chosen for d in groups[g]}
-    precisions = [DomainPrecision(d, BITS16 if d in int16 else BITS8, a.groups.blocked.get(d, why.get(d, "")))
-                  for d in range(n)]
-    for d, obs in observers.items():
-        obs.bits = BITS16 if d in int16 else BITS8
-    return SearchResult(precisions, budget, getattr(spec.metric, "__name__", "metric") if spec.metric else "sqnr_db",
-                        floor, ceiling, final, sum(cost[g] for g in chosen), sum(cost), len(scores),
-                        final >= budget)
+            weight_why[space.weights[k].op] = why(m, "int8", "int4")
+    fixed = f"precision {spec.precision}"
+    precisions = [DomainPrecision(d, domains[d], a.groups.blocked.get(d, domain_why.get(d, fixed)))
+                  for d in range(space.n)]
+    weight_precisions = []
+    for w in space.weights:
+        if domains[w.input_domain] == BITS16 and (space.weights_searched or space.weights_int4):
+            text = kept_int8(w)
+        else:
+            text = weight_why.get(w.op, f"weights {spec.weights}")
+        weight_precisions.append(WeightPrecision(w.op, w.name, weights[w.op], text))
+    apply(frozenset(chosen))
+    return SearchResult(precisions, weight_precisions, budget,
+                        getattr(spec.metric, "__name__", "metric") if spec.metric else "sqnr_db",
+                        floor, ceiling, final, space.cost(frozenset(chosen)), space.cost(frozenset(everything)),
+                        len(scores), final >= budget)
 
 
-def _prefix_then_prune(groups: list[tuple[int, ...]], cost: list[int], floor: float, budget: float,
+def _prefix_then_prune(moves: list[int], cost: list[int], floor: float, budget: float,
                        score: Callable[[set[int]], float], alone: dict[int, float],
                        rank: dict[int, int]) -> set[int]:
-    """Steps 2 and 3 of the module docstring; fills each group's score `alone` at
-    INT16 and its `rank` by noise cut per byte."""
+    """Steps 2 and 3 of the module docstring over `moves`; fills each move's score
+    `alone` and its `rank` by noise cut per byte."""
     noise_floor = _noise(floor)
-    gain = []
-    for g in range(len(groups)):
-        alone[g] = score({g})
-        gain.append(max(noise_floor - _noise(alone[g]), 0.0) / max(cost[g], 1))
-    order = sorted(range(len(groups)), key=lambda g: (-gain[g], cost[g], g))
-    rank.update({g: k for k, g in enumerate(order)})
+    gain: dict[int, float] = {}
+    for m in moves:
+        alone[m] = score({m})
+        gain[m] = max(noise_floor - _noise(alone[m]), 0.0) / max(cost[m], 1)
+    order = sorted(moves, key=lambda m: (-gain[m], cost[m], m))
+    rank.update({m: k for k, m in enumerate(order)})
     lo, hi = 1, len(order)  # the full order meets the budget (checked by the caller)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -154,9 +255,9 @@ def _prefix_then_prune(groups: list[tuple[int, ...]], cost: list[int], floor: fl
         else:
             lo = mid + 1
     chosen = set(order[:lo])
-    for g in reversed(order[:lo]):  # drop what the budget does not need
-        if score(chosen - {g}) >= budget:
-            chosen.discard(g)
+    for m in reversed(order[:lo]):  # drop what the budget does not need
+        if score(chosen - {m}) >= budget:
+            chosen.discard(m)
     return chosen
 
 

@@ -30,6 +30,8 @@ annotations *are* the plan.
   domain's qspecs are symmetric int16 (Arm's a16w8 range). At ``auto`` every
   domain is annotated INT8, and `choose_precision`, after calibration, sets the
   widths the search picks on the observers that convert_pt2e reads.
+  Weights likewise: INT8, or INT4 where the row and the input domain allow
+  (`precision.int4_weights`), Arm's a8w4 range on the weight's observer.
 * Implicit sharing is off: PT2E would otherwise merge a transcode into the
   producer's group, because both quantize "the same tensor".
 * A relu or relu6 right after a convolution or linear is annotated as Arm
@@ -72,12 +74,30 @@ from codec_tosa.codecs.int16 import QMAX16, QMIN16
 from codec_tosa.commutation.table import CLAMPING_TARGETS, INT16_DERIVED_TARGETS, OUT, CommutationTable, Row
 from codec_tosa.graph import CONSTANT, PortGraph
 from codec_tosa.int8_targets import Int8Target, int8_target
-from codec_tosa.observers import INT32_QMAX, INT32_QMIN, DomainObserver, WeightObserver, bias_qparams
+from codec_tosa.observers import (
+    INT32_QMAX,
+    INT32_QMIN,
+    DomainObserver,
+    WeightObserver,
+    bias_qparams,
+    weight_range,
+)
 from codec_tosa.placement import Placement, place
 from codec_tosa.placement.plan import Domain
 from codec_tosa.placement.semantics import CODE, WEIGHT
 from codec_tosa.planning import PlannedProgram
-from codec_tosa.precision import BITS8, BITS16, DomainPrecision, Groups, assign, int16_groups
+from codec_tosa.precision import (
+    BITS8,
+    BITS16,
+    DomainPrecision,
+    Groups,
+    Int4Weight,
+    WeightPrecision,
+    assign,
+    assign_weights,
+    int4_weights,
+    int16_groups,
+)
 from codec_tosa.spec import AUTO, CodecSpec
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
@@ -98,6 +118,9 @@ class _Annotated:
     groups: Groups  # the domains that can be INT16 (codec_tosa.precision)
     precisions: list[DomainPrecision]  # each domain's width, and why
     fused: dict[int, list[tuple[str, str]]]  # domain -> (producer, activation) pairs annotated folded
+    int4: list[Int4Weight]  # the weights that may be INT4
+    weight_precisions: list[WeightPrecision]  # each of their widths, and why
+    weight_roots: dict[int, _Key]  # operator -> the edge holding its weight's observer
 
 
 class CodecQuantizer(Quantizer):
@@ -121,6 +144,7 @@ class CodecQuantizer(Quantizer):
         self._observers: dict[_Key, Any] = {}  # PT2E's observer of each annotated edge and node
         self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
         self._chosen: list[DomainPrecision] | None = None  # the precision search's widths
+        self._chosen_weights: list[WeightPrecision] | None = None
         self.search_result: Any = None  # precision_search.SearchResult, after `choose_precision`
 
     # ---- Quantizer interface ---------------------------------------------
@@ -142,10 +166,13 @@ class CodecQuantizer(Quantizer):
         groups = int16_groups(graph, placement, table)
         precisions = self._precisions(groups, len(placement.plan.domains))
         bits = {p.domain: p.bits for p in precisions}
-        annotator = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target, bits)
+        int4 = [w for w in int4_weights(graph, placement, table) if graph.op_target[w.op] not in derived]
+        weight_precisions = self._weight_precisions(int4, bits)
+        annotator = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target, bits,
+                               {w.op: w.bits for w in weight_precisions})
         roots = annotator.write()
         self._annotated = _Annotated(graph, placement, roots, fp32, derived, groups, precisions,
-                                     annotator.fused_pairs())
+                                     annotator.fused_pairs(), int4, weight_precisions, annotator.weight_roots)
         return model
 
     def _precisions(self, groups: Groups, num_domains: int) -> list[DomainPrecision]:
@@ -155,6 +182,13 @@ class CodecQuantizer(Quantizer):
             return [DomainPrecision(d, BITS8, groups.blocked.get(d, "auto: not searched yet"))
                     for d in range(num_domains)]
         return assign(self.spec, groups, num_domains)
+
+    def _weight_precisions(self, int4: list[Int4Weight], bits: Mapping[int, int]) -> list[WeightPrecision]:
+        if self._chosen_weights is not None:
+            return list(self._chosen_weights)
+        if self.spec.weights == AUTO:  # INT8 until `choose_precision` runs the search
+            return [WeightPrecision(w.op, w.name, BITS8, "auto: not searched yet") for w in int4]
+        return assign_weights(self.spec, int4, bits)
 
     def validate(self, model: torch.fx.GraphModule) -> None:
         return None
@@ -183,33 +217,45 @@ class CodecQuantizer(Quantizer):
         return list(self._require().precisions)
 
     @property
+    def weight_precisions(self) -> list[WeightPrecision]:
+        """Each weight's width that may be INT4, and why (after `choose_precision` at ``auto``)."""
+        return list(self._require().weight_precisions)
+
+    @property
     def int16_groups(self) -> Groups:
         """The domains that can be INT16, as groups sharing one precision."""
         return self._require().groups
 
     def choose_precision(self, prepared: torch.fx.GraphModule, data: Any) -> list[DomainPrecision]:
-        """At ``precision="auto"``: search each domain's width under the spec's budget on
-        `data` (input tuples; the calibration data), then set it on `prepared`'s observers,
-        so that ``convert_pt2e(prepared)`` builds the mixed-precision program. Call it
-        between calibration and convert_pt2e; returns the widths and why each was chosen."""
+        """At ``precision="auto"`` (or ``weights="auto"``): search each domain's (and
+        weight's) width under the spec's budget on `data` (input tuples; the calibration
+        data), then set it on `prepared`'s observers, so that ``convert_pt2e(prepared)``
+        builds the mixed-precision program. Call it between calibration and convert_pt2e;
+        returns the domains' widths and why each was chosen (`weight_precisions`: the
+        weights')."""
         from codec_tosa.precision_search import search
 
         a = self._require()
-        if self.spec.precision != AUTO:
-            raise ValueError(f"choose_precision: precision is {self.spec.precision!r}, not 'auto'; "
-                             "its widths are fixed at annotation")
+        if not self.spec.searched:
+            raise ValueError(f"choose_precision: precision is {self.spec.precision!r} and weights "
+                             f"{self.spec.weights!r}, neither 'auto'; the widths are fixed at annotation")
         result = search(self, prepared, data)
         self.search_result = result
-        self._chosen = result.precisions
-        a.precisions = list(result.precisions)
-        self.set_widths(prepared, {p.domain: p.bits for p in result.precisions})
+        self._chosen, self._chosen_weights = result.precisions, result.weights
+        a.precisions, a.weight_precisions = list(result.precisions), list(result.weights)
+        self.set_widths(prepared, {p.domain: p.bits for p in result.precisions},
+                        {w.op: w.bits for w in result.weights})
         return list(result.precisions)
 
-    def set_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int]) -> None:
-        """Give each domain's observer in `prepared` its width; where an INT16 domain's
-        relu was annotated folded into its convolution, quantize between them (the
-        module docstring: Arm's int16 lowering of the folded pair drops the relu)."""
+    def set_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int],
+                   weight_bits: Mapping[int, int] | None = None) -> None:
+        """Give each domain's observer in `prepared` its width (and each weight's, by
+        operator); where an INT16 domain's relu was annotated folded into its
+        convolution, quantize between them (the module docstring: Arm's int16 lowering
+        of the folded pair drops the relu)."""
         a = self._require()
+        for op, key in a.weight_roots.items():
+            self._observers[key].bits = (weight_bits or {}).get(op, BITS8)
         names = {id(m): name for name, m in prepared.named_modules()}
         nodes = {n.name: n for n in prepared.graph.nodes}
         changed = False
@@ -443,9 +489,11 @@ class _Annotator:
 
     def __init__(self, graph: PortGraph, placement: Placement, table: CommutationTable, spec: CodecSpec,
                  arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str], target: Int8Target,
-                 bits: Mapping[int, int]) -> None:
+                 bits: Mapping[int, int], weight_bits: Mapping[int, int]) -> None:
         self.g = graph
         self.bits = bits  # each domain's code width
+        self.weight_bits = weight_bits  # each INT4-capable operator's weight width
+        self.weight_roots: dict[int, _Key] = {}  # operator -> its weight observer's edge (written)
         self.target = target
         self.derived = derived  # targets whose rows (and constant qspecs) are Arm's
         self.sem = placement.semantics
@@ -503,6 +551,8 @@ class _Annotator:
                 elif self.sem.in_sem[p] == WEIGHT:
                     annotation(node).input_qspec_map[arg] = self._weight_spec(op, arg, row)
                     weight_edges[g.in_arg[p]] = arg
+                    if op in self.weight_bits:
+                        self.weight_roots[op] = _key((arg, node))
             self._bias(op, node, row, weight_edges, annotation)
             for v in g.op_out[op]:
                 out = g.fx_value_node[v]
@@ -602,9 +652,12 @@ class _Annotator:
             # an operator whose row comes from Arm's annotation keeps Arm's weight qspec
             return self.arm[node.name].input_qspec_map[arg]
         axis = row.weight_axis
+        bits = self.weight_bits.get(op, BITS8)
+        qmin, qmax = weight_range(bits)
         return QuantizationSpec(
-            dtype=torch.int8, observer_or_fake_quant_ctr=WeightObserver.with_args(ch_axis=axis),
-            quant_min=-_QMAX, quant_max=_QMAX,
+            dtype=torch.int8, observer_or_fake_quant_ctr=WeightObserver.with_args(
+                ch_axis=axis, bits=bits, label=self.g.op_name[op]),
+            quant_min=qmin, quant_max=qmax,
             qscheme=torch.per_channel_symmetric if axis is not None else torch.per_tensor_symmetric,
             ch_axis=axis)
 

@@ -27,12 +27,17 @@ INT_FP = "TOSA-1.0+INT+FP"
 FP_ONLY = "TOSA-1.0+FP"
 INT_ONLY = "TOSA-1.0+INT"
 INT16_EXTENSION = "+int16"
+INT4_EXTENSION = "+int4"
 
 # Activation precision per domain at the integer policy (docs/DESIGN.md, "Precision
 # per domain"): every domain INT8, every domain Arm lowers at int16 INT16 (Arm's
 # a16w8), or the least traffic that meets `budget` (the search, `codec_tosa.precision`)
 INT8, INT16, AUTO = "int8", "int16", "auto"
 PRECISIONS = (INT8, INT16, AUTO)
+# Weight precision of the convolutions and linears that read INT8 codes: INT8, INT4
+# (Arm's a8w4), or what the search chooses under `budget`
+INT4 = "int4"
+WEIGHT_PRECISIONS = (INT8, INT4, AUTO)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class CodecSpec:
     # data, or, with `metric`, the least value of metric(fp32_outputs, outputs)
     precision: str = INT8
     int16_domains: tuple[int, ...] = ()
+    # weight precision (WEIGHT_PRECISIONS): int4 where Arm lowers it (`Row.int4`)
+    weights: str = INT8
     budget: float | None = None
     metric: Callable[[list[torch.Tensor], list[torch.Tensor]], float] | None = None
 
@@ -108,29 +115,45 @@ class CodecSpec:
     def _check_precision(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        if self.weights not in WEIGHT_PRECISIONS:
+            raise ValueError(f"unknown weight precision {self.weights!r}: expected one of "
+                             f"{', '.join(WEIGHT_PRECISIONS)}")
         object.__setattr__(self, "int16_domains", tuple(sorted({int(d) for d in self.int16_domains})))
-        if not self.mixed_precision:
+        if not self.mixed_precision and self.weights == INT8:
             if self.budget is not None or self.metric is not None:
-                raise ValueError("--budget is the precision search's floor: it needs --precision auto")
+                raise ValueError("--budget is the precision search's floor: it needs --precision auto "
+                                 "or --weights auto")
             return
+        asked = f"--precision {self.precision}" if self.mixed_precision else f"--weights {self.weights}"
         if self.policy != INTEGER_POLICY or self.target in (XNNPACK_TARGET, "vgf"):
-            raise ValueError(f"--precision {self.precision}: int16 activations are Arm's INT flow's, at "
+            raise ValueError(f"{asked}: int16 activations and int4 weights are Arm's INT flow's, at "
                              f"--policy {INTEGER_POLICY} with --target tosa or an Ethos-U target "
                              f"(got policy {self.policy}, target {self.target})")
         if self.int16_domains and self.precision != INT8:
             raise ValueError(f"int16_domains picks domains by hand on an int8 plan, not with "
                              f"--precision {self.precision}")
-        if self.precision == AUTO and self.budget is None:
-            raise ValueError("--precision auto needs --budget: the SQNR floor in dB against FP32 "
-                             "(or, from Python, the metric's threshold)")
-        if self.tosa is not None and INT16_EXTENSION not in self.tosa:
+        if self.searched and self.budget is None:
+            raise ValueError(f"{'--precision' if self.precision == AUTO else '--weights'} auto needs --budget: "
+                             "the SQNR floor in dB against FP32 (or, from Python, the metric's threshold)")
+        if not self.searched and (self.budget is not None or self.metric is not None):
+            raise ValueError("--budget is the precision search's floor: it needs --precision auto "
+                             "or --weights auto")
+        if self.tosa is not None and self.mixed_precision and INT16_EXTENSION not in self.tosa:
             raise ValueError(f"--precision {self.precision}: TOSA spec {self.tosa} has no int16 extension "
                              f"(use {INT_ONLY}{INT16_EXTENSION}, or no --tosa)")
+        if self.tosa is not None and self.weights != INT8 and INT4_EXTENSION not in self.tosa:
+            raise ValueError(f"--weights {self.weights}: TOSA spec {self.tosa} has no int4 extension "
+                             f"(use {INT_ONLY}{INT4_EXTENSION}, or no --tosa)")
 
     @property
     def mixed_precision(self) -> bool:
         """Some domain may be INT16 (the delegate needs TOSA's int16 extension)."""
         return self.precision != INT8 or bool(self.int16_domains)
+
+    @property
+    def searched(self) -> bool:
+        """Some width is the precision search's (`precision_search`)."""
+        return AUTO in (self.precision, self.weights)
 
     @property
     def commutation_table(self) -> CommutationTable:
@@ -146,7 +169,8 @@ class CodecSpec:
         if self.tosa:
             return self.tosa
         if self.policy == INTEGER_POLICY:
-            return INT_ONLY + INT16_EXTENSION if self.mixed_precision else INT_ONLY
+            return (INT_ONLY + (INT16_EXTENSION if self.mixed_precision else "")
+                    + (INT4_EXTENSION if self.weights != INT8 else ""))
         return FP_ONLY if self.reference else INT_FP
 
     @property
@@ -171,7 +195,7 @@ class CodecSpec:
                 "fused_transcode": self.fused_transcode, "pool_constants": self.pool_constants,
                 "symmetric_activations": self.symmetric_activations, "observer": self.observer,
                 "custom_table": self.table is not None, "precision": self.precision,
-                "int16_domains": list(self.int16_domains), "budget": self.budget,
+                "int16_domains": list(self.int16_domains), "weights": self.weights, "budget": self.budget,
                 "metric": getattr(self.metric, "__name__", None) if self.metric else None}
 
     def dumps(self) -> str:

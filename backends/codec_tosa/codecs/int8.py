@@ -70,11 +70,16 @@ class Int8Affine:
         return Theta(float(scale), 0, QMIN, QMAX, torch.int8)
 
     def learn_weight(self, weight: torch.Tensor, axis: int = 0) -> ChannelTheta:
-        dims = [d for d in range(weight.dim()) if d != axis]
-        amax = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
-        scales = torch.clamp(amax.float() / QMAX, min=TINY_SCALE)
-        scales = torch.where(amax == 0, ZERO_RANGE_SCALE, scales)  # an all-zero channel
-        return ChannelTheta(scales, axis, -QMAX, QMAX, torch.int8)
+        return learn_symmetric_weight(weight, axis, QMAX)
+
+
+def learn_symmetric_weight(weight: torch.Tensor, axis: int, qmax: int) -> ChannelTheta:
+    """Per-channel symmetric codes in [-qmax, qmax] along `axis`: s[c] = max|w[c]| / qmax."""
+    dims = [d for d in range(weight.dim()) if d != axis]
+    amax = weight.detach().abs().amax(dim=dims) if dims else weight.detach().abs()
+    scales = torch.clamp(amax.float() / qmax, min=TINY_SCALE)
+    scales = torch.where(amax == 0, ZERO_RANGE_SCALE, scales)  # an all-zero channel
+    return ChannelTheta(scales, axis, -qmax, qmax, torch.int8)
 
 
 DEFAULT_CODEC = Int8Affine()

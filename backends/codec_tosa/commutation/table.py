@@ -38,6 +38,11 @@ serve (docs/DESIGN.md, "Operator facts"):
   bit for bit (tests/test_precision.py lowers each family of such rows at
   int16 on the reference model); a domain any other operator reads or writes stays INT8
   (docs/DESIGN.md, "Precision per domain");
+* `int4`: Arm's INT lowering (TOSA-1.0+INT+int4, Ethos-U) stores the operator's
+  weight as a TOSA INT4 constant when its quantize has Arm's a8w4 range [-7, 7]
+  and its activation input is INT8 (TOSA has no int16 x int4 convolution), and
+  Vela encodes it at 4 bits (tests/test_precision.py lowers each such row with
+  INT4 weights on the reference model);
 * `int8_kernels`: the integer back ends other than Arm's (whose own
   quantizer says which operators its INT flow takes) that run this operator
   on codes with the row's encoded ports, each a `Kernel`: ``xnnpack`` for
@@ -70,7 +75,7 @@ OUT = "out"
 
 
 _FACT_KEYS = ("weight_axis", "out_channel_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if",
-              "accumulates", "fuses_activation", "int16", "int8_kernels")
+              "accumulates", "fuses_activation", "int16", "int4", "int8_kernels")
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class Row:
     accumulates: bool = False
     fuses_activation: bool = False
     int16: bool = False
+    int4: bool = False
     int8_kernels: tuple[Kernel, ...] = ()
 
     def kernel(self, backend: str) -> Kernel | None:
@@ -167,6 +173,7 @@ class Row:
             "accumulates": self.accumulates,
             "fuses_activation": self.fuses_activation,
             "int16": self.int16,
+            "int4": self.int4,
             "int8_kernels": {k.backend: k.to_json() for k in self.int8_kernels},
         }
 
@@ -192,6 +199,7 @@ class Row:
             accumulates=bool(d.get("accumulates", base.accumulates)),
             fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
             int16=bool(d.get("int16", base.int16)),
+            int4=bool(d.get("int4", base.int4)),
             int8_kernels=(tuple(Kernel.from_json(b, k) for b, k in d["int8_kernels"].items())
                           if "int8_kernels" in d else base.int8_kernels),
         )
@@ -346,6 +354,12 @@ def _int16_targets(rows: list[Row]) -> set[str]:
     return computes | averaging | moving | set(CLAMPING_TARGETS)
 
 
+# The weighted operators Arm's INT lowering takes with INT4 weights (`Row.int4`): its
+# a8w4 annotates convolutions and linears, which it lowers to CONV2D and DEPTHWISE_CONV2D
+# (a linear as a 1x1 CONV2D), both with an int8 x int4 form in TOSA's int4 extension
+INT4_TARGETS = ("aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.linear.default")
+
+
 def _default_rows() -> list[Row]:
     rows = _operator_rows()
     xnnpack = _xnnpack_kernels()
@@ -353,7 +367,7 @@ def _default_rows() -> list[Row]:
     assert not unknown, f"XNNPACK kernels for operators without a row: {sorted(unknown)}"
     int16 = _int16_targets(rows)
     return [dataclasses.replace(r, int8_kernels=(xnnpack[r.target],) if r.target in xnnpack else r.int8_kernels,
-                                int16=r.target in int16)
+                                int16=r.target in int16, int4=r.target in INT4_TARGETS)
             for r in rows]
 
 

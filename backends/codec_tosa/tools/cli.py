@@ -107,7 +107,8 @@ def _spec(args: argparse.Namespace):
                      table=table, symmetric_activations=getattr(args, "symmetric_activations", False),
                      target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None),
                      precision=getattr(args, "precision", "int8"), budget=getattr(args, "budget", None),
-                     int16_domains=getattr(args, "int16_domains", ()) or ())
+                     int16_domains=getattr(args, "int16_domains", ()) or (),
+                     weights=getattr(args, "weights", "int8"))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -220,8 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation codes per domain at --policy I: int8 (default); int16 wherever Arm "
                         "lowers it (as Arm's a16w8); auto: each domain's width, the least traffic that "
                         "meets --budget (report.json lists each domain's width and why)")
+    c.add_argument("--weights", choices=("int8", "int4", "auto"), default="int8",
+                   help="convolution and linear weights at --policy I: int8 (default); int4 wherever Arm "
+                        "lowers it (as Arm's a8w4; weights read by an int16 domain stay int8); auto: each "
+                        "weight's width, searched with the domains' under --budget")
     c.add_argument("--budget", type=_decibels,
-                   help="with --precision auto: the SQNR floor against FP32, e.g. 30dB")
+                   help="with --precision auto or --weights auto: the SQNR floor against FP32, e.g. 30dB")
     c.add_argument("--int16-domains", type=_domains,
                    help="these domain ids at int16, the rest int8 (ids as report.json lists them)")
     c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,

@@ -172,7 +172,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     from codec_tosa import arm_adapter
     from codec_tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
     from codec_tosa.quantizer import CodecQuantizer, decomposed_for
-    from codec_tosa.spec import AUTO, XNNPACK_TARGET
+    from codec_tosa.spec import INT8, XNNPACK_TARGET
 
     if spec.ethos_u:
         arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
@@ -187,7 +187,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     with torch.no_grad():
         for inputs in calibration:
             prepared(*inputs)
-    if spec.precision == AUTO:  # each domain's width, under the budget, before convert
+    if spec.searched:  # each domain's (and weight's) width, under the budget, before convert
         search_data = list(calibration) + held_out_inputs(calibration[0], SEARCH_SAMPLES, SEARCH_SEED)
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
@@ -230,7 +230,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
-    if spec.mixed_precision:
+    if spec.mixed_precision or spec.weights != INT8:
         report["precision"] = precision_report(quantizer)
     if runs:
         from codec_tosa.tools.vela_summary import vela_report
@@ -240,8 +240,9 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
 
 
 def precision_report(quantizer: Any) -> dict[str, Any]:
-    """report.json's ``precision``: each domain's width and why, and the search's figures."""
-    from codec_tosa.precision import BITS16
+    """report.json's ``precision``: each domain's and weight's width and why, and the
+    search's figures."""
+    from codec_tosa.precision import BITS4, BITS16
 
     a = quantizer._require()
     plan = a.placement.plan
@@ -249,7 +250,9 @@ def precision_report(quantizer: Any) -> dict[str, Any]:
                for p in quantizer.precisions]
     out: dict[str, Any] = {"mode": quantizer.spec.precision,
                            "int16_domains": sum(1 for p in quantizer.precisions if p.bits == BITS16),
-                           "domains": domains}
+                           "domains": domains, "weights_mode": quantizer.spec.weights,
+                           "int4_weights": sum(1 for w in quantizer.weight_precisions if w.bits == BITS4),
+                           "weights": [w.to_json() for w in quantizer.weight_precisions]}
     result = getattr(quantizer, "search_result", None)
     if result is not None:
         out["search"] = result.to_json()

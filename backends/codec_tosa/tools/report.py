@@ -190,20 +190,28 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
 
 
 def precision_lines(precision: dict[str, Any], table: Table) -> list[str]:
-    """report.json's ``precision``: the search's figures and each domain's width and why."""
+    """report.json's ``precision``: the search's figures and each domain's and weight's
+    width and why."""
     domains = precision.get("domains", [])
+    weights = precision.get("weights", [])
     n16 = sum(1 for d in domains if d["bits"] == 16)
     lines = [f"activation precision ({precision.get('mode')}): {n16} of {len(domains)} domains int16"]
+    if weights:
+        n4 = sum(1 for w in weights if w["bits"] == 4)
+        lines.append(f"weight precision ({precision.get('weights_mode')}): {n4} of {len(weights)} "
+                     "int4-capable weights int4")
     search = precision.get("search")
     if search:
         unit = " dB" if search["metric"] == "sqnr_db" else ""
         lines.append(f"search: budget {search['budget']:g}{unit} ({search['metric']}, calibration and search "
-                     f"inputs): int8 {search['int8_score']:.1f}{unit}, int16 {search['int16_score']:.1f}{unit}, "
-                     f"chosen {search['score']:.1f}{unit} for {search['extra_bytes']} more bytes of traffic "
-                     f"(all-int16: {search['int16_extra_bytes']}); {search['evaluations']} evaluations"
+                     f"inputs): cheapest {search['floor_score']:.1f}{unit}, widest {search['ceiling_score']:.1f}"
+                     f"{unit}, chosen {search['score']:.1f}{unit} for {search['extra_bytes']} more bytes of "
+                     f"traffic (widest: {search['all_extra_bytes']}); {search['evaluations']} evaluations"
                      + ("" if search["met"] else "; the budget is NOT met"))
     lines.append(table(["domain", "bits", "dominator", "why"],
                        [[d["domain"], d["bits"], d.get("dominator", ""), d["why"]] for d in domains]))
+    if weights:
+        lines.append(table(["weight of", "bits", "why"], [[w["operator"], w["bits"], w["why"]] for w in weights]))
     return lines
 
 

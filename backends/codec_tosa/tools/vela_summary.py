@@ -57,6 +57,8 @@ def vela_report(runs: list[dict[str, Any]], program_cpu_ops: Sequence[str] = ())
                               default=0.0) * 1024),
         "sram_traffic_bytes": int(total("sram_total_bytes")),
         "off_chip_bytes": int(total("dram_total_bytes") + total("off_chip_flash_total_bytes")),
+        # the weights (and biases) as Vela encoded them for the NPU: INT4 weights halve them
+        "encoded_weight_bytes": int(total("total_npu_encoded_weights")),
         "npu_ops": sum(r["operators"].get("npu_ops", 0) for r in runs),
         "cpu_ops": sum(r["operators"].get("cpu_ops", 0) for r in runs),
         "program_cpu_ops": sorted(program_cpu_ops),
