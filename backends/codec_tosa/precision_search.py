@@ -106,7 +106,7 @@ class _Space:
         spec, a = quantizer.spec, quantizer._require()
         self.n = len(a.placement.plan.domains)
         self.groups = list(a.groups.groups) if spec.precision == AUTO else []
-        self.fixed = ({} if spec.precision == AUTO else
+        self.fixed = (None if spec.precision == AUTO else
                       {p.domain: p.bits for p in assign(spec, a.groups, self.n)})
         self.weights = list(a.int4)
         self.weights_searched = spec.weights == AUTO
@@ -117,7 +117,7 @@ class _Space:
         self.elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
 
     def domain_bits(self, moves: frozenset[int]) -> dict[int, int]:
-        if self.fixed:
+        if self.fixed is not None:
             return dict(self.fixed)
         wide = {d for m in moves if self.moves[m][0] == "group" for d in self.groups[self.moves[m][1]]}
         return {d: BITS16 if d in wide else BITS8 for d in range(self.n)}
@@ -148,19 +148,26 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         reference = _batched([tensor_leaves(fp32(*x)) for x in data])
     observers = {d: quantizer._observers[key] for d, key in a.roots.items()}
     weight_observers = {op: quantizer._observers[key] for op, key in a.weight_roots.items()}
-    scores: dict[frozenset[int], float] = {}  # by the set of moves: each one pass
+    # by the widths the moves give (a weight move under an INT16 domain changes
+    # nothing): each one forward pass
+    scores: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+
+    def widths(moves: frozenset[int]) -> tuple[dict[int, int], dict[int, int]]:
+        domains = space.domain_bits(moves)
+        return domains, space.weight_bits(moves, domains)
 
     def apply(moves: frozenset[int]) -> None:
-        domains = space.domain_bits(moves)
+        domains, weights = widths(moves)
         for d, obs in observers.items():
             obs.bits = domains[d]
-        for op, bits in space.weight_bits(moves, domains).items():
+        for op, bits in weights.items():
             weight_observers[op].bits = bits
 
     def score(moves: set[int]) -> float:
-        key = frozenset(moves)
+        domains, weights = widths(frozenset(moves))
+        key = (tuple(domains[d] for d in sorted(domains)), tuple(weights[op] for op in sorted(weights)))
         if key not in scores:
-            apply(key)
+            apply(frozenset(moves))
             with torch.no_grad():
                 outs = _batched([tensor_leaves(prepared(*x)) for x in data])
             scores[key] = float(metric(reference, outs))

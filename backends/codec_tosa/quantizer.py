@@ -249,13 +249,13 @@ class CodecQuantizer(Quantizer):
 
     def set_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int],
                    weight_bits: Mapping[int, int] | None = None) -> None:
-        """Give each domain's observer in `prepared` its width (and each weight's, by
-        operator); where an INT16 domain's relu was annotated folded into its
-        convolution, quantize between them (the module docstring: Arm's int16 lowering
-        of the folded pair drops the relu)."""
+        """Give each domain's observer in `prepared` its width (and, given `weight_bits`,
+        each weight's, by operator: the others keep theirs); where an INT16 domain's
+        relu was annotated folded into its convolution, quantize between them (the
+        module docstring: Arm's int16 lowering of the folded pair drops the relu)."""
         a = self._require()
-        for op, key in a.weight_roots.items():
-            self._observers[key].bits = (weight_bits or {}).get(op, BITS8)
+        for op, width in (weight_bits or {}).items():
+            self._observers[a.weight_roots[op]].bits = width
         names = {id(m): name for name, m in prepared.named_modules()}
         nodes = {n.name: n for n in prepared.graph.nodes}
         changed = False
