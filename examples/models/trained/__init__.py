@@ -3,7 +3,10 @@
 Data: scikit-learn's 8x8 digits upsampled to 32x32 (see ``data``). Models
 (see ``architectures``): MLPerf Tiny ResNet-8 and DS-CNN, a MobileNet-style
 net and a small ViT. ``train`` reproduces ``weights/`` bit for bit on one
-thread; ``weights/manifest.json`` records how, and the accuracies.
+thread on the CPU capability they were trained on (AVX-512); on another
+(AVX2) its kernels round differently, and ``reproduce`` records the digests
+retraining gives there. ``weights/manifest.json`` records how, and the
+accuracies.
 
 ``load(name)`` and the four builders return ``(model in eval mode, (image,))``
 where the image is the first clean test image, shape (1, 1, 32, 32).
