@@ -52,6 +52,13 @@ class Decode(Encode):
         return QD.dequantize_per_tensor(c, self.scale, self.zp, -128, 127, torch.int8)
 
 
+class DecodeToHalf(Encode):
+    """A float16 program's decode: the dequantize gives float16 (``out_dtype``)."""
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return QD.dequantize_per_tensor(c, self.scale, self.zp, -128, 127, torch.int8, out_dtype=torch.float16)
+
+
 class CodecsAroundRelu(Encode):
     """encode -> decode -> relu (FP32) -> encode -> decode, as the plan writes it."""
 
@@ -112,6 +119,26 @@ def test_decode_of_all_256_codes_is_bit_exact_and_minimal(scale: float, zp: int)
     assert out.reshape(-1).tobytes() == expected.tobytes()
     expected_ops = {"CAST": 1, "MUL": 1} if zp == 0 else {"RESCALE": 1, "CAST": 1, "MUL": 1}
     assert _operators(payload) == expected_ops
+
+
+@pytest.mark.parametrize("scale,zp", THETAS)
+def test_float16_codecs_are_bit_exact_with_one_cast_more(scale: float, zp: int) -> None:
+    """A float16 program's codecs (Arm's test_view rand_4d_4d_fp16 at W): the encode
+    takes its input to FP32 first, as quantize_per_tensor does; the decode rounds
+    the FP32 product to float16, as eager's float16 dequantize does."""
+    x = _encode_inputs(scale, zp).half()
+    payload = _lower(Encode(scale, zp), x)
+    (out,) = run_reference(payload, [x.numpy()])
+    assert out.dtype == np.int8
+    assert np.array_equal(out.reshape(-1), QD.quantize_per_tensor(x, scale, zp, -128, 127, torch.int8).numpy())
+    codes = torch.arange(-128, 128, dtype=torch.int8)
+    payload_dq = _lower(DecodeToHalf(scale, zp), codes)
+    (out,) = run_reference(payload_dq, [codes.numpy()])
+    expected = DecodeToHalf(scale, zp)(codes).numpy()
+    assert out.dtype == np.float16
+    assert out.reshape(-1).tobytes() == expected.tobytes()
+    expected_ops = {"MUL": 1, "CAST": 2} if zp == 0 else {"MUL": 1, "CAST": 2, "RESCALE": 1}
+    assert _operators(payload) == expected_ops and _operators(payload_dq) == expected_ops
 
 
 @pytest.mark.parametrize("scale,zp", [(0.05, -128), (0.05, 127), (0.05, 0)])

@@ -141,3 +141,22 @@ class NestedCell(nn.Module):
 def nested_cell():
     torch.manual_seed(0)
     return NestedCell().eval(), (torch.randn(1, 8), (torch.zeros(1, 16), torch.zeros(1, 16)))
+
+
+class ViewFp16(nn.Module):
+    """Arm's test_view rand_4d_4d_fp16: a view read twice by a product, in float16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.view(3, 2, 3, 1)
+        return v * v
+
+
+def view_fp16():
+    torch.manual_seed(0)
+    return ViewFp16().eval(), (torch.rand(2, 1, 1, 9, dtype=torch.float16),)
+
+
+def conv_fp16():
+    """Arm's test_conv2d fp16 cases: a float16 convolution's weight and bias."""
+    torch.manual_seed(0)
+    return nn.Conv2d(3, 4, 3).half().eval(), (torch.randn(1, 3, 8, 8, dtype=torch.float16),)

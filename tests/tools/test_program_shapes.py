@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import program_shapes
+from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import compile_model
 from codec_tosa.tools.validate import Verdict, validate
@@ -29,6 +31,20 @@ def test_compiles_and_validates(model: str, policy: str, tmp_path: Path) -> None
     v = validate(_compile(model, policy, tmp_path))
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
     assert all(o.planned_max_abs is not None for o in v.outputs)  # the oracle ran on every output
+
+
+@pytest.mark.parametrize("model", ["view_fp16", "conv_fp16"])
+def test_a_float16_program_is_delegated_at_w_with_its_codecs_and_validates(model: str, tmp_path: Path) -> None:
+    """Arm's float16 cases (test_view rand_4d_4d_fp16, test_conv2d fp16_3x3) at W:
+    each dequantize of the plan gives float16 (FP32 ones made ExecuTorch's verifier
+    refuse the view's and the product's inputs as "mismatched dtypes"), so the whole
+    program is one delegate with its codecs, and it validates."""
+    pte = _compile(model, "W", tmp_path)
+    info = inspect_pte(pte.read_bytes())
+    assert len(info.delegate_ids) == 1 and not info.operators, info
+    assert json.loads((tmp_path / "report.json").read_text())["modeled"]["codecs"] > 0
+    v = validate(pte)
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
 
 
 def test_nested_inputs_and_outputs_are_flattened_as_torch_export_does(tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ them (docs/DESIGN.md, "Codec lowering"):
 * decode (s, z):  RESCALE i8->i16 (scale 1, input zp z) -> CAST i16->f32 -> MUL(s)
 * decode (s, 0):  CAST i8->f32 -> MUL(s)
 
+In a float16 program an encode starts with CAST f16->f32 and a decode ends
+with CAST f32->f16 (the dequantize's ``out_dtype``), as eager computes them.
+
 Why these are exact against ``torch.ops.quantized_decomposed``:
 quantize computes ``clamp(round(x * fp32(1/s)) + z, qmin, qmax)``; TOSA CAST
 f32->int rounds to nearest-even and saturates, which is ``torch.round`` then
@@ -147,6 +150,10 @@ class LowerCodecsPass:
     def _encode(self, graph: torch.fx.Graph, q: torch.fx.Node, x: torch.fx.Node,
                 scale: float, zero_point: int) -> torch.fx.Node:
         val = _val(x)
+        if val.dtype != torch.float32:
+            # quantize_per_tensor takes a float16 input to FP32 first (exact), then as below
+            val = val.to(torch.float32)
+            x = self._new(graph, q, "encode", self.ops.cast, (x,), {"dtype": torch.float32}, val)
         # quantize_per_tensor multiplies by 1/s (a double rounded to fp32), it does not divide
         scaled = self._new(graph, q, "encode", self.ops.mul, (x, self._full(graph, q, val, 1.0 / scale)),
                            {}, val)
@@ -167,8 +174,14 @@ class LowerCodecsPass:
             c = self._new(graph, dq, "decode", self.ops.rescale, (c, torch.int16, [1.0], int(zero_point), 0),
                           {}, val.to(torch.int16))
         out = self._new(graph, dq, "decode", self.ops.cast, (c,), {"dtype": torch.float32}, val)
-        return self._new(graph, dq, "decode", self.ops.mul, (out, self._full(graph, dq, val, scale)),
-                         {}, val)
+        out = self._new(graph, dq, "decode", self.ops.mul, (out, self._full(graph, dq, val, scale)),
+                        {}, val)
+        dtype = _val(dq).dtype  # the dequantize's out_dtype (float16 in a float16 program)
+        if dtype != torch.float32:
+            # eager multiplies a float16 (c - z) by s in FP32 and rounds once to
+            # float16: the same FP32 product, then CAST (round to nearest even)
+            out = self._new(graph, dq, "decode", self.ops.cast, (out,), {"dtype": dtype}, val.to(dtype))
+        return out
 
     # ---- FX helpers -------------------------------------------------------
     def _full(self, graph: torch.fx.Graph, origin: torch.fx.Node, like: torch.Tensor,

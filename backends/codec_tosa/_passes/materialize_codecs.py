@@ -198,7 +198,8 @@ class _Materializer:
     def _encode_weight(self, op: int, port: int, facts: OpFacts) -> torch.Tensor:
         """Replace the constant read at `port` by int8 codes + dequantize; return the scales."""
         value = self.g.in_value[port]
-        w = self._constant(value, port).float()
+        constant = self._constant(value, port)
+        w = constant.float()
         name = self.g.op_name[op]
         axis = facts.axis
         per_channel = axis is not None
@@ -220,10 +221,12 @@ class _Materializer:
             scales = self._new_constant(f"{name}_{self.g.in_arg[port]}_scale", ct.scales.float())
             zps = self._new_constant(f"{name}_{self.g.in_arg[port]}_zp", torch.zeros(len(ct.scales), dtype=torch.int64))
             dq = self._call_after_constants(DQ_CHANNEL, (codes_node, scales, zps, 0, ct.qmin, ct.qmax, ct.dtype),
-                                            codes_node.meta["val"].to(torch.float32), self.g.fx_op_node[op])
+                                            codes_node.meta["val"].to(constant.dtype), self.g.fx_op_node[op],
+                                            _dq_kwargs(constant.dtype))
         else:
             dq = self._call_after_constants(DQ_TENSOR, (codes_node, float(ct.scales[0]), 0, ct.qmin, ct.qmax, ct.dtype),
-                                            codes_node.meta["val"].to(torch.float32), self.g.fx_op_node[op])
+                                            codes_node.meta["val"].to(constant.dtype), self.g.fx_op_node[op],
+                                            _dq_kwargs(constant.dtype))
         replace_fx_use(self._fx_use(port), dq)
         self.stats.weights += 1
         return ct.scales.float()
@@ -240,7 +243,8 @@ class _Materializer:
             raise MaterializeError(
                 f"node {self.g.op_name[op]}: weight is encoded but input {facts.bias_scale_of} is not; "
                 "an INT8 compute operator needs an encoded activation to scale its int32 bias")
-        bias = self._constant(self.g.in_value[bias_port], bias_port).float()
+        constant = self._constant(self.g.in_value[bias_port], bias_port)
+        bias = constant.float()
         coded = (act.theta.scale * w_scales).expand(bias.shape[-1]).contiguous().float()
         scales = coded
         exact = torch.round(bias / coded)
@@ -255,7 +259,7 @@ class _Materializer:
         zps = self._new_constant(f"{name}_bias_zp", torch.zeros(len(scales), dtype=torch.int32))
         dq = self._call_after_constants(
             DQ_CHANNEL, (codes_node, scales_node, zps, 0, _INT32_QMIN, _INT32_QMAX, torch.int32),
-            codes_node.meta["val"].to(torch.float32), self.g.fx_op_node[op])
+            codes_node.meta["val"].to(constant.dtype), self.g.fx_op_node[op], _dq_kwargs(constant.dtype))
         replace_fx_use(self._fx_use(bias_port), dq)
         self.stats.biases += 1
 
@@ -283,19 +287,20 @@ class _Materializer:
         # constant folding, which evaluates the codec's CAST as a truncation
         constant = self.g.val_kind[v] == CONSTANT
         value = self._constant(v, self.g.val_uses[v][0]) if constant and self.g.val_uses[v] else None
+        dtype = value.dtype if value is not None else _fake(node).dtype  # what every dequantize gives
         if src is not None:
             theta_s = _theta(src, self.g.val_name[v])
             if value is not None:
-                value, base = self._offline_codes(value, theta_s, self.g.val_name[v])
+                value, base = self._offline_codes(value, theta_s, self.g.val_name[v], dtype)
             else:
                 q = self._q(node, theta_s, at)
-                base = self._dq(q, theta_s, q)
+                base = self._dq(q, theta_s, q, dtype)
                 at = base
             self.stats.value_codes += 1
         # the decode is a dequantize apart from the one INT8 readers fold (module docstring)
         decode = base
         if src is not None and value is None and self._read_as_codes_and_plain(v):
-            decode = self._dq(base.args[0], theta_s, base)
+            decode = self._dq(base.args[0], theta_s, base, dtype)
         # one q->dq per target domain, shared by its uses (encode or transcode)
         into: dict[int, torch.fx.Node] = {}
         for u in enc_uses:
@@ -305,10 +310,10 @@ class _Materializer:
             if c.domain not in into:
                 theta_d = _theta(c, self.g.in_port_label(u))
                 if value is not None:
-                    into[c.domain] = self._offline_codes(value, theta_d, self.g.val_name[v])[1]
+                    into[c.domain] = self._offline_codes(value, theta_d, self.g.val_name[v], dtype)[1]
                 else:
                     q = self._q(base, theta_d, at)
-                    into[c.domain] = at = self._dq(q, theta_d, q)
+                    into[c.domain] = at = self._dq(q, theta_d, q, dtype)
                 if src is None:
                     self.stats.encodes += 1
                 else:
@@ -329,29 +334,30 @@ class _Materializer:
         codecs = [self.ins[u] for u in self.g.val_uses[v]]
         return any(c is None for c in codecs) and any(c is not None and not c.weight for c in codecs)
 
-    def _offline_codes(self, value: torch.Tensor, theta: Theta, name: str) -> tuple[torch.Tensor, torch.fx.Node]:
+    def _offline_codes(self, value: torch.Tensor, theta: Theta, name: str,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.fx.Node]:
         """`value` encoded at compile time with theta (quantize_per_tensor, the plan's
-        rounding); returns the decoded values and the dequantize that reads the codes."""
+        rounding); returns the decoded values and the dequantize (to `dtype`) that reads the codes."""
         args = (theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype)
         codes = torch.ops.quantized_decomposed.quantize_per_tensor(value.float(), *args)
         codes_node = self._new_constant(f"{name}_codes", codes)
         dq = self._call_after_constants(DQ_TENSOR, (codes_node, *args),
-                                        codes_node.meta["val"].to(torch.float32), None)
+                                        codes_node.meta["val"].to(dtype), None, _dq_kwargs(dtype))
         return torch.ops.quantized_decomposed.dequantize_per_tensor(codes, *args), dq
 
     def _q(self, x: torch.fx.Node, theta: Theta, after: torch.fx.Node) -> torch.fx.Node:
         return self._call(Q_TENSOR, (x, theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype),
                           _fake(x).to(theta.dtype), after, x)
 
-    def _dq(self, q: torch.fx.Node, theta: Theta, after: torch.fx.Node) -> torch.fx.Node:
+    def _dq(self, q: torch.fx.Node, theta: Theta, after: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
         return self._call(DQ_TENSOR, (q, theta.scale, theta.zero_point, theta.qmin, theta.qmax, theta.dtype),
-                          _fake(q).to(torch.float32), after, q)
+                          _fake(q).to(dtype), after, q, _dq_kwargs(dtype))
 
     # ---- FX helpers -------------------------------------------------------
     def _call(self, target: Any, args: tuple[Any, ...], val: torch.Tensor, after: torch.fx.Node,
-              meta_from: torch.fx.Node) -> torch.fx.Node:
+              meta_from: torch.fx.Node, kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
         with self.fx.inserting_after(after):
-            node = self.fx.call_function(target, args)
+            node = self.fx.call_function(target, args, kwargs)
         self.constants.note(node)
         node.meta["val"] = val
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
@@ -360,8 +366,9 @@ class _Materializer:
         return node
 
     def _call_after_constants(self, target: Any, args: tuple[Any, ...], val: torch.Tensor,
-                              meta_from: torch.fx.Node | None) -> torch.fx.Node:
-        node = self._call(target, args, val, self._last_placeholder(), meta_from or args[0])
+                              meta_from: torch.fx.Node | None,
+                              kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
+        node = self._call(target, args, val, self._last_placeholder(), meta_from or args[0], kwargs)
         return node
 
     def _insertion_point(self, node: torch.fx.Node) -> torch.fx.Node:
@@ -463,6 +470,14 @@ def _theta(codec: PortCodec, where: str) -> Theta:
         raise MaterializeError(f"{where}: encoded in domain {codec.domain} but the plan has no theta "
                                "(missing calibration)")
     return codec.theta
+
+
+def _dq_kwargs(dtype: torch.dtype) -> dict[str, Any]:
+    """A dequantize gives the dtype of the value it stands for: FP32 by default, so a
+    float16 program's dequantizes say ``out_dtype`` (as PT2E's convert writes them),
+    or every reader would take FP32 inputs where it returns float16, which ExecuTorch's
+    verifier refuses ("mismatched dtypes") before Arm lowers anything."""
+    return {} if dtype == torch.float32 else {"out_dtype": dtype}
 
 
 def _fake(node: torch.fx.Node) -> torch.Tensor:
