@@ -17,6 +17,9 @@ bit instead of drifting by a few quantisation steps on deep models
 * a ``dequantize(theta_s) -> quantize(theta_d)`` pair (a transcode) is one
   int8 -> int8 RESCALE with scale ``s_s / s_d``, as Arm's InsertRescalePass
   builds it;
+* a bilinear upsampling of codes is TOSA's integer RESIZE on the codes, then
+  the RESCALE by ``1 / (scale_y_n * scale_x_n)`` Arm's RewriteUpsamplePass
+  appends (`resize_axis`);
 * a mean reading a dequantize is evaluated as Arm's DecomposeMeanDimPass
   lowers it: the sum over the reduced dimensions is re-quantised at the
   input's parameters (scale times the element count N, same zero point),
@@ -50,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -70,9 +74,10 @@ _LINEAR = "aten.linear.default"
 _MATMULS = ("aten.mm.default", "aten.bmm.default")
 _INTEGER_COMPUTE = (_CONV, _LINEAR, *_MATMULS)
 _ADD, _SUB, _MUL, _SUM = "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.sum.dim_IntList"
+_MAX, _MIN = "aten.maximum.default", "aten.minimum.default"
 # lowered by Arm's InsertRescaleInt32Pass: int8 codes RESCALEd to int32, the int32
 # operator, one RESCALE back to int8
-_INT32_ARITHMETIC = (_ADD, _SUB, _MUL, _SUM)
+_INT32_ARITHMETIC = (_ADD, _SUB, _MUL, _SUM, _MAX, _MIN)
 # an add's or sub's operands are shifted 20 bits left at twice the larger scale (12
 # for int16 operands: Arm's InsertRescaleInt32Pass)
 _ADD_SHIFT_BITS = 20
@@ -82,6 +87,7 @@ _RELU = "aten.relu.default"
 _FUSED_ACTIVATIONS = (_RELU, "aten.hardtanh.default")
 _LAYER_NORM = "aten.native_layer_norm.default"
 _AVG_POOL = "aten.avg_pool2d.default"
+_BILINEAR = "aten.upsample_bilinear2d.vec"
 _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 _INT8 = torch.int8
 # activation codes: INT8, or INT16 in a 16-bit domain (codec_tosa.precision)
@@ -149,7 +155,9 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.fp32_delegated = fp32_delegated
         self.codes: dict[torch.fx.Node, _Codes] = {}
         self.accumulators: dict[torch.fx.Node, _Accumulator] = {}
-        self.pooled: dict[torch.fx.Node, torch.Tensor] = {}  # INT8 AVG_POOL2D results (codes)
+        # codes Arm computes on codes and the quantize reading them only hands on:
+        # AVG_POOL2D's, and a bilinear RESIZE's after its RESCALE
+        self.on_codes: dict[torch.fx.Node, torch.Tensor] = {}
         # the int48 accumulator and output RESCALE scales behind an int16 convolution's
         # encode (`_widened`)
         self.widened: dict[torch.fx.Node, tuple[_Accumulator, list[float], int]] = {}
@@ -212,11 +220,11 @@ class IntegerSimulator(torch.fx.Interpreter):
             acc = self.accumulators.pop(n.args[0])
             self.accumulators[n] = dataclasses.replace(acc, floored=True)
             return acc.values
-        elif key == _AVG_POOL:
-            pooled = self._avg_pool_on_codes(n)
-            if pooled is not None:
-                self.pooled[n] = pooled
-                return pooled.to(torch.float32)  # only the quantize below reads it (checked)
+        elif key in (_AVG_POOL, _BILINEAR):
+            codes = self._avg_pool_on_codes(n) if key == _AVG_POOL else self._bilinear_resize_on_codes(n)
+            if codes is not None:
+                self.on_codes[n] = codes
+                return codes.to(torch.float32)  # only the quantizes below read it (checked)
         elif key in _INTEGER_COMPUTE:
             acc = self._accumulate(n, key)
             if acc is not None:
@@ -279,8 +287,8 @@ class IntegerSimulator(torch.fx.Interpreter):
         _, scale, zp, _, _, dtype = _args(n, self)
         if dtype not in _CODE_DTYPES or not isinstance(src, torch.fx.Node):
             return None
-        if src in self.pooled:
-            return self.pooled.pop(src)
+        if src in self.on_codes:
+            return self.on_codes[src]
         if src in self.accumulators:
             acc = self.accumulators.pop(src)
             # Arm: post_conv2d_scale = (inp * w) / out, in Python floats (double)
@@ -452,6 +460,38 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.stats.integer_ops.append(n.name)
         return average(torch.round(sums), torch.round(counts), zp, held.dtype)
 
+    def _bilinear_resize_on_codes(self, n: torch.fx.Node) -> torch.Tensor | None:
+        """A bilinear upsampling of per-tensor codes whose readers all encode at the
+        same theta, as Arm lowers it at INT (RewriteUpsamplePass): TOSA RESIZE in
+        integer arithmetic on the codes themselves (zero point included: the
+        weights of each output sum to ``scale_y_n * scale_x_n``, so it passes
+        through), an int32 result, then one RESCALE by ``1 / (scale_y_n *
+        scale_x_n)`` with zero points 0. INT8 codes (no INT16 row takes it), and
+        only upscales and identities along both axes: Arm rewrites some
+        downscales into pools."""
+        src = n.args[0]
+        held = self.codes.get(src) if isinstance(src, torch.fx.Node) else None
+        if (held is None or held.axis is not None or held.dtype != _INT8 or not n.users
+                or not _lowered_on_codes(n) or held.codes.dim() != 4):
+            return None
+        if not all(_is_quantize(u) and u.args[5] == held.dtype and float(u.args[1]) == held.scales[0]
+                   and int(u.args[2]) == held.zero_points[0] for u in n.users):
+            return None
+        align_corners = bool(_args(n, self)[2])
+        out_hw = super().run_node(n).shape[2:]  # the output size, as PyTorch rounds it
+        axes = [resize_axis(int(i), int(o), align_corners) for i, o in zip(held.codes.shape[2:], out_hw)]
+        if any(a is None for a in axes):
+            return None
+        (y0, y1, dy, unit_y), (x0, x1, dx, unit_x) = axes  # type: ignore[misc]
+        codes = held.codes.to(torch.int64)
+        rows0, rows1 = codes[:, :, y0], codes[:, :, y1]
+        wy0, wy1 = (unit_y - dy).reshape(-1, 1), dy.reshape(-1, 1)
+        wx0, wx1 = unit_x - dx, dx
+        acc = (rows0[..., x0] * wy0 * wx0 + rows0[..., x1] * wy0 * wx1
+               + rows1[..., x0] * wy1 * wx0 + rows1[..., x1] * wy1 * wx1)
+        self.stats.integer_ops.append(n.name)
+        return rescale(acc, [float(1 / (unit_y * unit_x))], 0, 0, _INT8)
+
     # ---- INT8 compute operators ----------------------------------------------
     def _accumulate(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
         if not n.users or not (all(_is_quantize(u) for u in n.users) or _fused_activation(n)):
@@ -498,9 +538,10 @@ class IntegerSimulator(torch.fx.Interpreter):
         return _Accumulator(values, x.scales[0], w.scales, axis, wide=x.dtype == torch.int16)
 
     def _int32_arithmetic(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
-        """add, sub, mul or sum of per-tensor int8 codes, as Arm's
+        """add, sub, mul, sum, maximum or minimum of per-tensor int8 codes, as Arm's
         InsertRescaleInt32Pass lowers them: each operand RESCALEd to int32 (add,
-        sub: both at ``2 * max(scale) / 2**20``; mul, sum: at their own scale),
+        sub: both at ``2 * max(scale) / 2**20``; maximum, minimum: both at the
+        smaller scale; mul, sum: at their own scale),
         the exact int32 result, and the quantize below RESCALEs it back. An FP32
         sum of the decoded values rounds differently near a boundary, and a
         ResNet's residual adds amplify one such code through the layers after
@@ -535,6 +576,10 @@ class IntegerSimulator(torch.fx.Interpreter):
             common = 2 * max(scales) / (1 << shift)
             a, b = (int32(h, common, x) for h, x in zip(held, operands))  # type: ignore[arg-type]
             values, out_scale = (a + b if key == _ADD else a - b), common
+        elif key in (_MAX, _MIN):
+            common = min(scales)
+            a, b = (int32(h, common, x) for h, x in zip(held, operands))  # type: ignore[arg-type]
+            values, out_scale = (torch.maximum(a, b) if key == _MAX else torch.minimum(a, b)), common
         elif key == _MUL:
             a, b = (int32(h, h.scales[0], x) for h, x in zip(held, operands))  # type: ignore[union-attr]
             values, out_scale = a * b, math.prod(scales)
@@ -566,6 +611,26 @@ def arm_pool_zero_point(scale: float, zero_point: int) -> int:
     q = torch.ops.quantized_decomposed.quantize_per_tensor(
         torch.tensor([float(zero_point)]), scale, zero_point, -128, 127, torch.int8)
     return int(q[0])
+
+
+def resize_axis(size_in: int, size_out: int, align_corners: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """One axis of TOSA's integer bilinear RESIZE with the parameters Arm's
+    RewriteUpsamplePass gives it (scale ``2 * p / 2 * q`` for the ratio p/q of the
+    output to the input size, less one each with align_corners; offset 0 with
+    align_corners, else half-pixel ``scale_d // 2 - scale_n // 2``): per output
+    index the two source indices, the weight ``d`` of the second, and the unit
+    (``scale_n``) the weights sum to. None for a downscale."""
+    corners = align_corners and size_in > 1 and size_out > 1
+    ratio = Fraction(size_out - 1, size_in - 1) if corners else Fraction(size_out, size_in)
+    if ratio < 1:
+        return None
+    scale_n, scale_d = 2 * ratio.numerator, 2 * ratio.denominator
+    offset = 0 if align_corners else scale_d // 2 - scale_n // 2
+    position = torch.arange(size_out, dtype=torch.int64) * scale_d + offset
+    index = torch.div(position, scale_n, rounding_mode="floor")
+    d = position - index * scale_n
+    return index.clamp(0, size_in - 1), (index + 1).clamp(0, size_in - 1), d, scale_n
 
 
 def _lowered_on_codes(n: torch.fx.Node) -> bool:

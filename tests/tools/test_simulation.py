@@ -319,3 +319,77 @@ def test_policy_i_avg_pool_is_simulated_as_tosa_computes_it(kernel: int, stride:
     assert stats.integer_ops and not stats.float_fallbacks
     expected = (torch.from_numpy(ref).reshape(sim[0].shape).float() - zp) * scale
     assert torch.equal(expected, sim[0])
+
+
+class _Bilinear(nn.Module):
+    def __init__(self, size: tuple[int, int], align_corners: bool) -> None:
+        super().__init__()
+        self.size, self.align_corners = size, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=self.size, mode="bilinear", align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize("size,align_corners", [((10, 12), False), ((10, 12), True), ((7, 13), False),
+                                                ((5, 17), True)])
+def test_policy_i_bilinear_resize_is_simulated_as_tosa_computes_it(size: tuple[int, int],
+                                                                   align_corners: bool) -> None:
+    """INT8 bilinear upsampling (Arm: RESIZE on the codes, then a RESCALE by
+    1/(scale_y_n * scale_x_n)) on codes chosen to put the interpolations on ties,
+    held out from calibration: the simulation equals the reference model bit for
+    bit, for integer and fractional ratios, half-pixel and aligned corners."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(1, 3, 5, 6, generator=gen),)
+    module = _Bilinear(size, align_corners).eval()
+    low = lower_program(torch.export.export(module, x), CodecSpec("I"), [x])
+    payload = delegate_payload(low.pte)
+    graph = low.planned.materialized().graph
+    encode = next(n for n in graph.nodes if "quantize_per_tensor" in str(n.target))
+    scale, zp = float(encode.args[1]), int(encode.args[2])
+    for k in range(3):
+        codes = torch.randint(-128, 128, (1, 3, 5, 6), generator=gen, dtype=torch.int8)
+        if k:  # neighbours one code apart: interpolations land on exact halves
+            codes[..., 1::2] = (codes[..., ::2].int() + 1).clamp(-128, 127).to(torch.int8)
+        (ref,) = run_reference_model(payload, [codes.numpy()], "resize")
+        sim, stats = simulate_with_stats(low.planned, [(codes.float() - zp) * scale])
+        assert stats.integer_ops and not stats.float_fallbacks
+        expected = (torch.from_numpy(ref).reshape(sim[0].shape).float() - zp) * scale
+        assert torch.equal(expected, sim[0]), f"{size} align_corners={align_corners}: codes {k}"
+
+
+class _Extremum(nn.Module):
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = getattr(torch, op)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.op(x, y)
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+def test_policy_i_maximum_and_minimum_are_simulated_in_int32(op: str) -> None:
+    """INT8 maximum/minimum (Arm: both operands RESCALEd to int32 at the smaller
+    scale, the int32 MAXIMUM/MINIMUM, one RESCALE to the output's codes), on every
+    code of x against a spread of codes of y, held out from calibration: the
+    simulation equals the reference model bit for bit (in float, decoded operands
+    then an encode, the output was a step off on Arm's fp16 cases)."""
+    gen = torch.Generator().manual_seed(7)
+    example = (torch.randn(1, 64, generator=gen), 2.7 * torch.randn(1, 64, generator=gen))
+    calibration = [example, (torch.randn(1, 64, generator=gen), 2.7 * torch.randn(1, 64, generator=gen))]
+    low = lower_program(torch.export.export(_Extremum(op).eval(), example), CodecSpec("I"), calibration)
+    payload = delegate_payload(low.pte)
+    encodes = [n for n in low.planned.materialized().graph.nodes
+               if "quantize_per_tensor" in str(n.target) and "dequantize" not in str(n.target)][:2]
+    (sx, zx), (sy, zy) = ((float(n.args[1]), int(n.args[2])) for n in encodes)
+    assert sx != sy  # each operand has its own domain: one of them is RESCALEd to the other's scale
+    decode = next(n for n in reversed(low.planned.materialized().graph.nodes) if "dequantize" in str(n.target))
+    s_out, z_out = float(decode.args[1]), int(decode.args[2])
+    # every code of x against 16 codes of y spread over its range, 64 pairs a run
+    cx = torch.arange(-128, 128, dtype=torch.int8).repeat_interleave(16).reshape(64, 1, 64)
+    cy = torch.linspace(-128, 127, 16).round().to(torch.int8).repeat(256).reshape(64, 1, 64)
+    for codes in zip(cx, cy):
+        (ref,) = run_reference_model(payload, [c.numpy() for c in codes], op)
+        sim, stats = simulate_with_stats(low.planned, [(codes[0].float() - zx) * sx, (codes[1].float() - zy) * sy])
+        assert stats.integer_ops and not stats.float_fallbacks
+        expected = (torch.from_numpy(ref).reshape(sim[0].shape).float() - z_out) * s_out
+        assert torch.equal(expected, sim[0])
