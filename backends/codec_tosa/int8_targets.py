@@ -44,6 +44,7 @@ from torchao.quantization.pt2e.quantizer import (
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from codec_tosa import arm_adapter
+from codec_tosa._passes.fully_masked_rows import zero_fully_masked_rows
 from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
 from codec_tosa._passes.shape_reads_to_full import shape_reads_to_full
 from codec_tosa.commutation.table import XNNPACK, CommutationTable
@@ -85,6 +86,7 @@ class ArmTarget(Int8Target):
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         spatial_means_to_avg_pool(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)
         shape_reads_to_full(model)  # no delegate input that Arm's constant folding leaves unread
+        zero_fully_masked_rows(model)  # eager's zeros where Arm's softmax decomposition gives a mean
         return self.quantizer.transform_for_annotation(model)
 
     def annotations(self, model: torch.fx.GraphModule) -> dict[str, QuantizationAnnotation]:

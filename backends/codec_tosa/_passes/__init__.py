@@ -38,6 +38,7 @@ class PassEntry:
 PIPELINE: tuple[PassEntry, ...] = (
     PassEntry("mean_to_avg_pool", "spatial_means_to_avg_pool", Stage.ANNOTATION, ()),
     PassEntry("shape_reads_to_full", "shape_reads_to_full", Stage.ANNOTATION, ()),
+    PassEntry("fully_masked_rows", "zero_fully_masked_rows", Stage.ANNOTATION, ()),
     PassEntry("xnnpack_rewrites", "rewrite_for_xnnpack", Stage.ANNOTATION, ()),
     PassEntry("fold_batch_norm", "fold_batch_norms", Stage.PRE_DECOMPOSITION, ()),
     PassEntry("fuse_standalone_ops", "fuse_standalone_ops", Stage.PRE_DECOMPOSITION, ("fold_batch_norm",)),
