@@ -89,3 +89,16 @@ def test_case_fixed_at_w_passes(case_id: str) -> None:
     record = isolated(run_policy, (case, "W"), 300.0, failed_record)
     assert record.get("verdict") == "PASS", f"{case_id}: {record.get('verdict')}: {record.get('line', '')}"
     assert record["delegates"] >= 1, record
+
+
+# A case of Arm's that crashed at W in the held-out sample (benchmarks/peer_seed1.json):
+# argmax of a vector returns a rank-0 index, whose "step" the reference stage sliced
+FIXED_AT_W_OTHER = ("test_argmax:Argmax:rank_1_dim_0",)
+
+
+@pytest.mark.parametrize("case_id", FIXED_AT_W_OTHER)
+def test_rank0_index_output_passes_at_w(case_id: str) -> None:
+    (case,) = [c for c in collect_cases() if c.id == case_id]
+    record = isolated(run_policy, (case, "W"), 300.0, failed_record)
+    assert record.get("verdict") == "PASS", f"{case_id}: {record.get('verdict')}: {record.get('line', '')}"
+    assert record["delegates"] >= 1, record

@@ -393,3 +393,10 @@ def test_policy_i_maximum_and_minimum_are_simulated_in_int32(op: str) -> None:
         assert stats.integer_ops and not stats.float_fallbacks
         expected = (torch.from_numpy(ref).reshape(sim[0].shape).float() - z_out) * s_out
         assert torch.equal(expected, sim[0])
+
+
+def test_fp32_steps_of_index_and_rank0_outputs_are_zero() -> None:
+    """A non-float output is compared exactly (step 0), a rank-0 one included
+    (argmax of a vector: its slice crashed the reference stage)."""
+    assert fp32_steps([torch.tensor(3), torch.tensor([1, 2]), torch.tensor(True)]) == [0.0, 0.0, 0.0]
+    assert fp32_steps([torch.tensor([0.0, 2.55, float("inf")]), torch.tensor(1.5)]) == pytest.approx([0.01, 0.0])

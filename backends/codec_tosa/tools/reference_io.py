@@ -272,7 +272,10 @@ def fp32_steps(outputs: Sequence[torch.Tensor]) -> list[float]:
     non-float output, which is compared exactly)."""
     steps = []
     for e in outputs:
-        finite = e[torch.isfinite(e)] if e.is_floating_point() else e[:0]
+        if not e.is_floating_point():  # an index or a bool, rank 0 included (argmax of a vector)
+            steps.append(0.0)
+            continue
+        finite = e[torch.isfinite(e)]
         steps.append(float(finite.max() - finite.min()) / 255.0 if finite.numel() else 0.0)
     return steps
 
