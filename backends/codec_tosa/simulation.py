@@ -478,7 +478,7 @@ class IntegerSimulator(torch.fx.Interpreter):
                    and int(u.args[2]) == held.zero_points[0] for u in n.users):
             return None
         align_corners = bool(_args(n, self)[2])
-        out_hw = super().run_node(n).shape[2:]  # the output size, as PyTorch rounds it
+        out_hw = n.meta["val"].shape[2:]  # the output size, as export rounded it
         axes = [resize_axis(int(i), int(o), align_corners) for i, o in zip(held.codes.shape[2:], out_hw)]
         if any(a is None for a in axes):
             return None

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = WEIGHTS_DIR / MANIFEST
     capability = torch.backends.cpu.get_cpu_capability()
     for name in args.models:
-        epochs = args.epochs if args.epochs is None else min(args.epochs, RECIPES[name].epochs)
+        epochs = None if args.epochs is None else min(args.epochs, RECIPES[name].epochs)
         digests = train(name, epochs=epochs).epoch_digests
         manifest = json.loads(path.read_text())  # re-read: other runs may have written meanwhile
         entry = manifest["models"][name]
@@ -52,7 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "its digests (nothing written)", flush=True)
             continue
         kept = entry.setdefault("reproductions", {}).get(capability, [])
-        entry["reproductions"][capability] = digests if len(digests) >= len(kept) else kept
+        if len(digests) < len(kept):  # a shorter run checks what a longer one recorded
+            same = digests == kept[: len(digests)]
+            print(f"{name}: {'reproduces' if same else 'DIFFERS FROM'} the {capability} digests recorded "
+                  "(nothing written)", flush=True)
+            continue
+        entry["reproductions"][capability] = digests
         path.write_text(json.dumps(manifest, indent=2) + "\n")
         print(f"{name}: {len(digests)} epoch digests recorded for {capability}", flush=True)
     return 0
