@@ -218,7 +218,7 @@ def build(flow: Flow, module: torch.nn.Module, example: tuple, calibration: list
 
 
 def _vela(runs: list[Any]) -> dict[str, Any]:
-    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     report = vela_report([{"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                            "operators": vela_operator_counts(r.log)} for r in runs])

@@ -116,7 +116,7 @@ def _tosa(flatbuffers: list[bytes]) -> Tosa:
 
 def _vela(runs: list[Any], pte: bytes) -> dict[str, Any]:
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     kept = [r if isinstance(r, dict) else {"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                                            "operators": vela_operator_counts(r.log)} for r in runs]

@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -250,7 +251,7 @@ def _module_names(quantizer: Any) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> int:
+def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flows: str = "") -> int:
     from codec_tosa import CodecQuantizer, CodecSpec, arm_adapter
 
     arm_adapter.install_payload_journal()
@@ -262,6 +263,8 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> i
 
         def record(flow: str, build: Any) -> Any:
             nonlocal failed
+            if flows and not re.search(flows, flow):
+                return None
             t = time.perf_counter()
             try:
                 lowered, extra = build()
@@ -308,6 +311,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path) -> i
                     hand[:] = _module_names(q)
                 return low, {"budget_db": b, "search_score_db": r.score, "int16_domains": len(r.to_json()["int16_domains"]),
                              "domains": len(r.precisions), "search_evaluations": r.evaluations,
+                             "search_lowerings": r.lowerings, "search_cycles": r.cycles,
                              "steps_vs_simulation": _simulation_steps(q, low, tests)}
             record(f"ours-auto@{budget:g}", auto)
         for budget in [round(lo, 1)] + points:
@@ -423,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, default=3,
                         help="ours-auto points between int8 and int16 (and one 0.5 dB short of int16)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--flows", default="", help="only the flows this regex finds (e.g. 'a8w8$|a16w8|auto@')")
     parser.add_argument("--plot", action="store_true", help="only redraw the PNG and print the tables")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -430,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from codec_tosa.tools.quiet import quiet
 
         with quiet():
-            return run_model(args.child, args.targets, args.budgets, args.json)
+            return run_model(args.child, args.targets, args.budgets, args.json, args.flows)
     if not args.plot:
         data = _load(args.json)
         data["commands"] = (data.get("commands") or []) + [shlex.join(["python", "benchmarks/precision.py",
@@ -438,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(data, indent=1))
         for model in args.models:  # one process per model: a crash loses one model, not the run
             subprocess.run([sys.executable, __file__, "--child", model, "--targets", *args.targets,
-                            "--budgets", str(args.budgets), "--json", str(args.json)], check=False)
+                            "--budgets", str(args.budgets), "--json", str(args.json), "--flows", args.flows],
+                           check=False)
     data = _load(args.json)
     plot(data, args.json.with_suffix(".png"))
     print(markdown(data))

@@ -120,7 +120,7 @@ def vela(buf: bytes, flags: list[str]) -> tuple[dict[str, Any], dict[str, tuple[
     from ethosu.vela.vela import main as vela_main
     from vela_per_operator import per_operator_in
 
-    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "net.tosa"

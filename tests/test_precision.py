@@ -4,8 +4,10 @@ model, the rules that keep a domain INT8 (and a weight INT8), and the search und
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,16 +15,18 @@ import torch
 from torch import nn
 
 import small_models
+from tosa_queries import operator_dtypes
 from codec_tosa.codecs.int16 import HEADROOM
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
 from codec_tosa.observers import DomainObserver
 from codec_tosa.placement import place
+from codec_tosa import precision_search
 from codec_tosa.precision import BITS4, BITS8, BITS16, int16_groups
 from codec_tosa.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.executorch_runner import run_pte_recorded
 from codec_tosa.runtime.pte import delegate_payload
-from codec_tosa.serialization.tosa_stats import iter_constants, operator_dtypes
+from codec_tosa.serialization.tosa_stats import iter_constants
 from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
@@ -366,6 +370,58 @@ def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
         got, _ = run_pte_recorded(runnable, held_out)
         for g, s in zip(got, simulate(planned, held_out)):
             assert torch.equal(g.reshape(s.shape), s)
+
+
+def _vela_cycles(prepared, x, target: str) -> int:
+    """Vela's cycles of `prepared` through the user's flow: convert_pt2e, export, Arm's
+    EthosUPartitioner (read from Vela's own summary, as benchmarks/precision.py does)."""
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    from codec_tosa import arm_adapter
+    from codec_tosa.vela_summary import read_vela_summary
+
+    program = torch.export.export(convert_pt2e(prepared), x)
+    partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(target))
+    with tempfile.TemporaryDirectory() as d, arm_adapter.vela_runs_kept(d) as runs:
+        to_edge_transform_and_lower(program, partitioner=[partitioner])
+        return sum(int(read_vela_summary(r.directory)["cycles_total"]) for r in runs)
+
+
+@pytest.mark.slow  # six lowerings with Vela, about 12 s each here
+def test_on_ethos_u_the_search_prices_each_group_in_vela_cycles(monkeypatch):
+    """At an Ethos-U target the groups are ranked by noise cut per Vela cycle: each
+    group's reason gives its cycles, and the cycles the result reports for the chosen
+    widths and for all-INT8 domains are Vela's for the programs the user's flow lowers
+    (a calibrated copy converted at those widths). Where pricing would take longer than
+    the search allows, and at a TOSA target, the groups are priced in bytes, and the
+    result says why."""
+    target = "ethos-u85-256"
+    m, x, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, target=target)
+    untouched = copy.deepcopy(prepared)  # calibrated, every domain INT8
+    probe = _search(quantizer, prepared, data, 0.0)
+    assert probe.lowerings == 0 and probe.cycles is None  # all-INT8 meets it: nothing to price
+    r = _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+    groups = quantizer.int16_groups.groups
+    assert r.met and r.vela_target == target and len(groups) >= 2
+    # all-INT8, each group alone, and the chosen widths unless they are one group alone
+    assert len(groups) + 1 <= r.lowerings <= len(groups) + 2
+    wide = [p for p in r.precisions if p.bits == BITS16]
+    assert wide and all("per Vela cycle" in p.why and " cycles, +" in p.why for p in r.precisions
+                        if quantizer.int16_groups.group_of(p.domain))
+    assert r.int8_cycles == _vela_cycles(untouched, x, target)
+    assert r.cycles == _vela_cycles(prepared, x, target) > r.int8_cycles
+    assert r.priced_in_bytes == ""
+    monkeypatch.setattr(precision_search, "PRICING_SECONDS", 1.0)  # less than one lowering
+    _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, target=target)
+    hurried = _search(quantizer, prepared, data, r.budget)
+    assert hurried.lowerings == 1 and hurried.cycles is None and hurried.met
+    assert f"{len(groups)} groups priced in bytes" in hurried.priced_in_bytes
+    assert all("per byte" in p.why for p in hurried.precisions if p.bits == BITS16)
+    _, _, on_tosa, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0)
+    t = _search(on_tosa, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+    assert t.lowerings == 0 and t.cycles is None and t.priced_in_bytes == ""
+    assert all("per byte" in p.why for p in t.precisions if p.bits == BITS16)
 
 
 def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):

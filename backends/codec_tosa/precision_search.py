@@ -1,5 +1,6 @@
-"""``precision="auto"`` and ``weights="auto"``: the least traffic whose accuracy meets the
-budget (docs/DESIGN.md, "Precision per domain").
+"""``precision="auto"`` and ``weights="auto"``: the least cost whose accuracy meets the
+budget (docs/DESIGN.md, "Precision per domain"). The cost is traffic bytes, and on an
+Ethos-U target Vela's cycles for the domains' widths.
 
 The search runs on the calibrated PT2E module, before convert_pt2e: every
 observer of it becomes the fake quantisation of its theta at its width
@@ -13,13 +14,23 @@ at INT8. A move's cost is the bytes it adds per inference in the traffic model
 (an INT16 domain moves each of its code elements in two bytes, not one:
 `traffic.domain_code_elements`; a weight at INT8 is half a byte more per element;
 an INT16 group also takes the INT4 weights it feeds back to INT8, as TOSA has no
-int16 x int4 convolution). The steps:
+int16 x int4 convolution).
+
+On an Ethos-U target a group is priced by what Vela says it costs instead: the
+cycles of the model lowered with that group alone at INT16, less those of all-INT8
+(`vela_cost`; one lowering per group, plus the base and the chosen widths). Bytes
+break ties. Per byte, Ethos-U's price of a group varies several times over, since
+int16 MACs run at half rate and an INT16 convolution no longer fuses its RESCALE.
+Weights stay priced in bytes: INT4 weights cut Vela's encoded weights and leave
+U85's cycles as they are (benchmarks/RESULTS.md, "INT4 weights").
+
+The steps:
 
 1. the domains, with every searched weight INT8: the score of all-INT8 domains
    (SQNR in dB of the worst output against the FP32 module on the calibration
    data, or the user's metric); if it meets the budget, no domain is INT16.
-   Otherwise each int16 group alone at INT16: its noise reduction per byte it
-   adds; groups in that order, best first, the shortest prefix that meets the
+   Otherwise each int16 group alone at INT16: its noise reduction per byte (per
+   cycle) it adds; groups in that order, best first, the shortest prefix that meets the
    budget (a binary search over prefix lengths, as a wider code never adds noise
    to first order), then each group of that prefix undone again, last first,
    while the budget still holds;
@@ -56,10 +67,14 @@ from codec_tosa.precision import (
 from codec_tosa.pytrees import tensor_leaves
 from codec_tosa.spec import AUTO, INT4
 from codec_tosa.traffic import domain_code_elements
+from codec_tosa.vela_cost import VelaCycles
 
 Metric = Callable[[list[torch.Tensor], list[torch.Tensor]], float]
 # bytes a weight element adds at INT8 over INT4
 WEIGHT_BYTES_PER_ELEMENT = (BITS8 - BITS4) / 8
+# an Ethos-U search prices its groups in Vela cycles only if the lowerings that takes
+# (timed on the first) fit in this; otherwise in bytes, and the result says so
+PRICING_SECONDS = 480.0
 
 
 @dataclass
@@ -77,12 +92,23 @@ class SearchResult:
     all_extra_bytes: int  # what every move would add
     evaluations: int  # forward passes of the calibrated module
     met: bool
+    # on an Ethos-U target the groups are priced in Vela's cycles (`vela_cost`): the
+    # target, Vela's cycles of the chosen widths and of all-INT8 domains (weights as
+    # chosen), and the lowerings that took; None elsewhere, or where no group was priced
+    vela_target: str | None = None
+    cycles: int | None = None
+    int8_cycles: int | None = None
+    lowerings: int = 0
+    lowering_seconds: float = 0.0
+    priced_in_bytes: str = ""  # on Ethos-U: why the groups were priced in bytes after all
 
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "metric": self.metric, "met": self.met,
                 "floor_score": self.floor_score, "ceiling_score": self.ceiling_score, "score": self.score,
                 "extra_bytes": self.extra_bytes, "all_extra_bytes": self.all_extra_bytes,
-                "evaluations": self.evaluations,
+                "evaluations": self.evaluations, "vela_target": self.vela_target, "cycles": self.cycles,
+                "int8_cycles": self.int8_cycles, "lowerings": self.lowerings,
+                "lowering_seconds": round(self.lowering_seconds, 1), "priced_in_bytes": self.priced_in_bytes,
                 "int16_domains": [p.domain for p in self.precisions if p.bits == BITS16],
                 "int4_weights": [w.name for w in self.weights if w.bits == BITS4]}
 
@@ -174,21 +200,39 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         return scores[key]
 
     everything = set(range(len(space.moves)))
-    cost = [space.cost(frozenset({m})) for m in everything]
+    cost = [space.cost(frozenset({m})) for m in everything]  # bytes
     groups = [m for m in everything if space.moves[m][0] == "group"]
     weights_wide = {m for m in everything if space.moves[m][0] == "weight"}
     alone: dict[int, float] = {}  # a group move's score alone; a weight's score at INT4
     rank: dict[int, int] = {}
-    with _fake(prepared):
+    fake = _fake(prepared)
+    with fake:
         floor, ceiling = score(set()), score(everything)
+        low = score(weights_wide)  # every searched weight INT8
+    ranked = bool(groups) and low < budget <= ceiling  # step 1 has groups to choose among
+    # what ranks a group: its bytes, or on Ethos-U Vela's cycles (lowered outside the
+    # fake quantisation: `vela_cost` converts a copy of the calibrated module)
+    vela = VelaCycles(quantizer, prepared, data[0], spec.target) if spec.ethos_u and ranked else None
+    price = list(cost)
+    priced_in_bytes = ""  # why an Ethos-U search fell back to bytes
+    spent: tuple[int, float] = (0, 0.0)  # lowerings, and their seconds
+    if vela is not None:
+        base = vela(*widths(frozenset(weights_wide)))
+        if vela.seconds * (len(groups) + 1) > PRICING_SECONDS:
+            priced_in_bytes = (f"{len(groups)} groups priced in bytes: pricing them in Vela cycles would take "
+                               f"{len(groups) + 1} more lowerings of {vela.seconds:.0f} s")
+            spent, vela = (vela.lowerings, vela.seconds), None
+        else:
+            for m in groups:
+                price[m] = max(vela(*widths(frozenset(weights_wide | {m}))) - base, 0)
+    with fake:
         # 1. the domains, with every searched weight INT8
-        low = score(weights_wide)
         if low >= budget or not groups:
             chosen = set(weights_wide)
         elif ceiling < budget:
             chosen = set(everything)
         else:
-            chosen = weights_wide | _prefix_then_prune(groups, cost, low, budget,
+            chosen = weights_wide | _prefix_then_prune(groups, price, cost, low, budget,
                                                        lambda moves: score(moves | weights_wide), alone, rank)
         # 2. each weight at INT4 on top, the most bytes first, while the budget holds
         for m in sorted(weights_wide, key=lambda m: (-cost[m], m)):
@@ -198,6 +242,11 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
             if alone[m] >= budget:
                 chosen.discard(m)
         final = score(chosen)
+    cycles = int8_cycles = None
+    if vela is not None:
+        cycles = vela(*widths(frozenset(chosen)))
+        int8_cycles = vela(*widths(frozenset(chosen) - frozenset(groups)))
+        spent = (vela.lowerings, vela.seconds)
     unit = "" if spec.metric else " dB"
 
     def why(m: int, wide: str, narrow: str) -> str:
@@ -212,8 +261,9 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         if ceiling < budget:
             return f"{wide}: the budget is out of reach (every move {ceiling:.1f}{unit} < {budget:g}{unit})"
         verdict = wide if m in chosen else f"{narrow}: the budget holds without it"
-        return (f"{verdict} (rank {rank[m] + 1} of {len(groups)} by noise cut per byte: alone "
-                f"{alone[m]:.1f}{unit}, +{cost[m]} bytes)")
+        per, adds = ("Vela cycle", f"+{price[m]} cycles, +{cost[m]} bytes") if vela else ("byte", f"+{cost[m]} bytes")
+        return (f"{verdict} (rank {rank[m] + 1} of {len(groups)} by noise cut per {per}: alone "
+                f"{alone[m]:.1f}{unit}, {adds})")
 
     domains = space.domain_bits(frozenset(chosen))
     weights = space.weight_bits(frozenset(chosen), domains)
@@ -239,20 +289,22 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     return SearchResult(precisions, weight_precisions, budget,
                         getattr(spec.metric, "__name__", "metric") if spec.metric else "sqnr_db",
                         floor, ceiling, final, space.cost(frozenset(chosen)), space.cost(frozenset(everything)),
-                        len(scores), final >= budget)
+                        len(scores), final >= budget, spec.target if vela else None, cycles, int8_cycles,
+                        *spent, priced_in_bytes)
 
 
-def _prefix_then_prune(moves: list[int], cost: list[int], floor: float, budget: float,
+def _prefix_then_prune(moves: list[int], price: list[int], tie: list[int], floor: float, budget: float,
                        score: Callable[[set[int]], float], alone: dict[int, float],
                        rank: dict[int, int]) -> set[int]:
-    """Steps 2 and 3 of the module docstring over `moves`; fills each move's score
-    `alone` and its `rank` by noise cut per byte."""
+    """Step 1 of the module docstring over `moves`; fills each move's score `alone`
+    and its `rank` by noise cut per unit of `price` (bytes or Vela cycles; ties go
+    to the cheaper, then the fewer `tie` bytes)."""
     noise_floor = _noise(floor)
     gain: dict[int, float] = {}
     for m in moves:
         alone[m] = score({m})
-        gain[m] = max(noise_floor - _noise(alone[m]), 0.0) / max(cost[m], 1)
-    order = sorted(moves, key=lambda m: (-gain[m], cost[m], m))
+        gain[m] = max(noise_floor - _noise(alone[m]), 0.0) / max(price[m], 1)
+    order = sorted(moves, key=lambda m: (-gain[m], price[m], tie[m], m))
     rank.update({m: k for k, m in enumerate(order)})
     lo, hi = 1, len(order)  # the full order meets the budget (checked by the caller)
     while lo < hi:

@@ -253,14 +253,29 @@ class CodecQuantizer(Quantizer):
         each weight's, by operator: the others keep theirs); where an INT16 domain's
         relu was annotated folded into its convolution, quantize between them (the
         module docstring: Arm's int16 lowering of the folded pair drops the relu)."""
+        self._set_widths(prepared, self._observers, bits, weight_bits)
+
+    def with_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int],
+                    weight_bits: Mapping[int, int] | None = None) -> torch.fx.GraphModule:
+        """A copy of calibrated `prepared` with these widths (`set_widths`), `prepared`
+        and its observers untouched: what `convert_pt2e` of one candidate needs
+        (`vela_cost`)."""
+        memo: dict[int, Any] = {}
+        copied = copy.deepcopy(prepared, memo)
+        observers = {key: memo.get(id(obs), obs) for key, obs in self._observers.items()}
+        self._set_widths(copied, observers, bits, weight_bits)
+        return copied
+
+    def _set_widths(self, prepared: torch.fx.GraphModule, observers: Mapping[_Key, Any],
+                    bits: Mapping[int, int], weight_bits: Mapping[int, int] | None) -> None:
         a = self._require()
         for op, width in (weight_bits or {}).items():
-            self._observers[a.weight_roots[op]].bits = width
+            observers[a.weight_roots[op]].bits = width
         names = {id(m): name for name, m in prepared.named_modules()}
         nodes = {n.name: n for n in prepared.graph.nodes}
         changed = False
         for d, key in a.roots.items():
-            observer = self._observers[key]
+            observer = observers[key]
             observer.bits = bits.get(d, BITS8)
             if observer.bits != BITS16:
                 continue

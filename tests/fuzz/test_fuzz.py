@@ -45,11 +45,12 @@ from codec_tosa.runtime.pte import delegate_payload, delegates
 
 from codec_tosa.tools.samples import held_out_inputs
 from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
-from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
+from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.report import IO_KERNELS
 
 from fuzz_models import Recipe, Step, build, recipes
+from tosa_queries import float_operators
 
 LONG = int(os.environ.get("CODEC_TOSA_FUZZ_EXAMPLES", "0"))
 # `make fuzz` appends one JSON line per compiled example here (benchmarks/fuzz_summary.py)

@@ -41,7 +41,7 @@ from codec_tosa._passes.materialize_codecs import (
 from codec_tosa.plan_meta import KEY, write_plan_meta
 from codec_tosa.simulation import IntegerSimulator
 from codec_tosa.tools.reference_model import run_reference_model as run_reference
-from codec_tosa.serialization.tosa_stats import _block_tensors, _graph, _walk, iter_operators, tosa_stats
+from codec_tosa.serialization.tosa_stats import iter_operators, tensors, tosa_stats
 
 TOSA_SPEC = "TOSA-1.0+INT+FP"
 
@@ -183,14 +183,12 @@ def _lowered(name: str, placement: str, policy: str = "W") -> bytes:
 def _tosa_ops(buf: bytes) -> list[tuple[str, list[str], list[str], list[str], list[str]]]:
     """(op, input dtypes, output dtypes, input names, output names) of every non-constant operator."""
     ops = []
-    tensors = {}
-    for _, _, block in _walk(_graph(buf)):
-        tensors.update(_block_tensors(block))
+    by_name = tensors(buf)
     for o in iter_operators(buf):
         if o.op in ("CONST", "CONST_SHAPE"):
             continue
-        ops.append((o.op, [tensors[n].dtype for n in o.inputs if n in tensors],
-                    [tensors[n].dtype for n in o.outputs if n in tensors], o.inputs, o.outputs))
+        ops.append((o.op, [by_name[n].dtype for n in o.inputs if n in by_name],
+                    [by_name[n].dtype for n in o.outputs if n in by_name], o.inputs, o.outputs))
     return ops
 
 

@@ -31,9 +31,7 @@ import small_models
 
 
 def _transpose_input_dtypes(payload: bytes) -> list[str]:
-    tensors: dict[str, Any] = {}
-    for _, _, block in ts._walk(ts._graph(payload)):
-        tensors.update(ts._block_tensors(block))
+    tensors = ts.tensors(payload)
     return [tensors[op.inputs[0]].dtype for op in ts.iter_operators(payload) if op.op == "TRANSPOSE"]
 
 

@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 
 from codec_tosa.runtime.pte import delegate_payload, delegates, inspect_pte
-from codec_tosa.serialization.tosa_stats import (
-    float_operators, iter_constants, operator_dtypes, rescale_neighbours, tosa_stats,
-)
+from codec_tosa.serialization.tosa_stats import iter_constants, rescale_neighbours, tosa_stats
 from codec_tosa.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
@@ -23,6 +21,7 @@ from codec_tosa.tools.report import IO_KERNELS
 from codec_tosa.tools.validate import ValidationError, Verdict, validate
 
 import small_models
+from tosa_queries import float_operators, operator_dtypes
 
 SAMPLES = 4  # held-out samples compile stores and validate checks
 
@@ -97,7 +96,7 @@ def test_mobile_block_at_i_is_one_integer_delegate(lowered):
     encode and output decode run on the CPU (as in Arm's INT8 flow); every relu6
     follows a convolution and is folded into its RESCALE, as Arm folds it."""
     from codec_tosa.runtime.pte import delegate_provenance
-    from codec_tosa.serialization.tosa_stats import float_operators, tosa_stats
+    from codec_tosa.serialization.tosa_stats import tosa_stats
 
     low = lowered("mobile_block", "I")
     info = inspect_pte(low.pte)

@@ -282,6 +282,18 @@ def entry_io_tensors(buf: bytes) -> tuple[list[TensorInfo], list[TensorInfo]]:
     return inputs, outputs
 
 
+def blocks(buf: bytes) -> Iterator[tuple[dict[str, TensorInfo], list[OperatorInfo]]]:
+    """Each block's tensors by name and its operators, in flatbuffer order."""
+    for region, block_name, block in _walk(_graph(buf)):
+        block_tensors = _block_tensors(block)
+        yield block_tensors, list(_operators(region, block_name, block, block_tensors))
+
+
+def tensors(buf: bytes) -> dict[str, TensorInfo]:
+    """Every tensor of every block, by name."""
+    return {name: t for block_tensors, _ in blocks(buf) for name, t in block_tensors.items()}
+
+
 def iter_operators(buf: bytes) -> Iterator[OperatorInfo]:
     """Every operator of every block, in flatbuffer order, with its traffic."""
     for region, block_name, block in _walk(_graph(buf)):
@@ -381,34 +393,6 @@ def iter_fused_groups(buf: bytes) -> Iterator[FusedGroup]:
     """Every fused group of every block (the unit of `fused_traffic_bytes`)."""
     for region, block_name, block in _walk(_graph(buf)):
         yield from _fused_groups(region, block_name, block, _block_tensors(block), _block_shapes(block))
-FLOAT_DTYPES = frozenset({"FP32", "FP16", "BF16", "FP8E4M3", "FP8E5M2"})
-
-
-def float_operators(buf: bytes) -> list[OperatorInfo]:
-    """The non-constant operators that read or write a floating-point tensor.
-
-    Empty for an all-integer payload, the only kind an integer-only NPU
-    (Ethos-U) accepts: this is how policy I's "no FP32 inside" is checked."""
-    found = []
-    for region, block_name, block in _walk(_graph(buf)):
-        tensors = _block_tensors(block)
-        for info in _operators(region, block_name, block, tensors):
-            if info.op not in CONST_OPS and any(
-                    n in tensors and tensors[n].dtype in FLOAT_DTYPES for n in info.inputs + info.outputs):
-                found.append(info)
-    return found
-
-
-def operator_dtypes(buf: bytes) -> Iterator[tuple[str, list[str], list[str]]]:
-    """(operator, input dtypes, output dtypes) of every non-constant operator, in order."""
-    for region, block_name, block in _walk(_graph(buf)):
-        tensors = _block_tensors(block)
-        for info in _operators(region, block_name, block, tensors):
-            if info.op not in CONST_OPS:
-                yield (info.op, [tensors[n].dtype for n in info.inputs if n in tensors],
-                       [tensors[n].dtype for n in info.outputs if n in tensors])
-
-
 def tosa_stats(buf: bytes) -> TosaStats:
     """Count operators, constants, tensors and traffic of a TOSA flatbuffer.
 

@@ -233,7 +233,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     if spec.mixed_precision or spec.weights != INT8:
         report["precision"] = precision_report(quantizer)
     if runs:
-        from codec_tosa.tools.vela_summary import vela_report
+        from codec_tosa.vela_summary import vela_report
 
         report["vela"] = vela_report(runs, info.operators)
     return Lowered(pte, planned, lowering, serialisation, files, report)
@@ -268,8 +268,8 @@ def _compute_operators(program: ExportedProgram) -> list[str]:
 
 def _kept_run(run: Any) -> dict[str, Any]:
     """What compile keeps of one Vela run before its directory goes: the TOSA and
-    Vela's summary (tools/vela_summary)."""
-    from codec_tosa.tools.vela_summary import read_vela_summary, vela_operator_counts
+    Vela's summary (vela_summary)."""
+    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts
 
     return {"tosa": run.tosa, "summary": read_vela_summary(run.directory),
             "operators": vela_operator_counts(run.log)}

@@ -208,6 +208,12 @@ def precision_lines(precision: dict[str, Any], table: Table) -> list[str]:
                      f"{unit}, chosen {search['score']:.1f}{unit} for {search['extra_bytes']} more bytes of "
                      f"traffic (widest: {search['all_extra_bytes']}); {search['evaluations']} evaluations"
                      + ("" if search["met"] else "; the budget is NOT met"))
+        if search.get("priced_in_bytes"):
+            lines.append(search["priced_in_bytes"])
+        if search.get("cycles") is not None:
+            lines.append(f"groups priced in Vela cycles on {search['vela_target']}: chosen widths "
+                         f"{search['cycles']} cycles, all-int8 domains {search['int8_cycles']} "
+                         f"({search['lowerings']} lowerings, {search['lowering_seconds']:g} s)")
     lines.append(table(["domain", "bits", "dominator", "why"],
                        [[d["domain"], d["bits"], d.get("dominator", ""), d["why"]] for d in domains]))
     if weights:

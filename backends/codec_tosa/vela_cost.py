@@ -1,0 +1,72 @@
+"""Vela's cycles for one width assignment: the precision search's cost on Ethos-U
+(docs/DESIGN.md, "Precision per domain").
+
+On Ethos-U an INT16 domain's price is not its bytes. Vela runs int16 activations at
+half the MAC rate, and an INT16 domain adds RESCALE and CLAMP layers where the INT8
+one fuses them into its convolution. Per byte, one INT16 group can therefore cost
+several times what another does. (ResNet-8 on U85-256: a conv block's cycles double,
+a 1x1 shortcut's barely move; benchmarks/RESULTS.md.) So on an Ethos-U target the
+search asks Vela.
+
+A candidate is the calibrated module with those widths (`CodecQuantizer.with_widths`,
+a copy). It goes through `convert_pt2e` and export, and is lowered with Arm's stock
+`EthosUPartitioner`, exactly as the user's flow will lower it. Its cost is Vela's
+``cycles_total``, summed over the delegates. That is one lowering per candidate
+(about 13 s for ResNet-8 here), cached by widths.
+
+Vela's per-layer CSV would price every group from two lowerings. It names layers by
+Arm's TOSA tensor names, though (``tosa_rescale_default_3``), and those cannot be
+traced back to our domains, so it is not used.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+
+
+class VelaCycles:
+    """Vela's cycles of `prepared` (calibrated by `quantizer`) at given widths."""
+
+    def __init__(self, quantizer: Any, prepared: torch.fx.GraphModule, example: Sequence[Any],
+                 target: str) -> None:
+        self.quantizer, self.prepared, self.example, self.target = quantizer, prepared, tuple(example), target
+        self._cycles: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self.seconds = 0.0  # spent lowering and in Vela
+
+    @property
+    def lowerings(self) -> int:
+        return len(self._cycles)
+
+    def __call__(self, bits: Mapping[int, int], weight_bits: Mapping[int, int]) -> int:
+        key = (tuple(bits[d] for d in sorted(bits)), tuple(weight_bits[op] for op in sorted(weight_bits)))
+        if key not in self._cycles:
+            start = time.perf_counter()
+            self._cycles[key] = self._lower(bits, weight_bits)
+            self.seconds += time.perf_counter() - start
+        return self._cycles[key]
+
+    def _lower(self, bits: Mapping[int, int], weight_bits: Mapping[int, int]) -> int:
+        from executorch.exir import to_edge_transform_and_lower
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        from codec_tosa import arm_adapter
+        from codec_tosa.vela_summary import read_vela_summary
+
+        candidate = self.quantizer.with_widths(self.prepared, bits, weight_bits)
+        with torch.no_grad():
+            program = torch.export.export(convert_pt2e(candidate), self.example)
+        partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(self.target))
+        with tempfile.TemporaryDirectory(prefix="codec-tosa-search-") as d, arm_adapter.vela_runs_kept(d) as runs:
+            to_edge_transform_and_lower(program, partitioner=[partitioner])
+            summaries = [read_vela_summary(r.directory) for r in runs]
+        if not runs:
+            raise ValueError(f"precision search: Arm's EthosUPartitioner delegated nothing of the model for "
+                             f"{self.target}, so Vela has no cycles to price the widths by")
+        return int(sum(float(s.get("cycles_total", 0) or 0) for s in summaries))
+
+
+__all__ = ["VelaCycles"]
