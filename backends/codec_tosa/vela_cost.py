@@ -54,7 +54,7 @@ class VelaCycles:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
         from codec_tosa import arm_adapter
-        from codec_tosa.vela_summary import read_vela_summary
+        from codec_tosa.vela_summary import read_vela_summary, vela_report
 
         candidate = self.quantizer.with_widths(self.prepared, bits, weight_bits)
         with torch.no_grad():
@@ -62,11 +62,11 @@ class VelaCycles:
         partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(self.target))
         with tempfile.TemporaryDirectory(prefix="codec-tosa-search-") as d, arm_adapter.vela_runs_kept(d) as runs:
             to_edge_transform_and_lower(program, partitioner=[partitioner])
-            summaries = [read_vela_summary(r.directory) for r in runs]
+            kept = [{"summary": read_vela_summary(r.directory), "operators": {}} for r in runs]
         if not runs:
             raise ValueError(f"precision search: Arm's EthosUPartitioner delegated nothing of the model for "
                              f"{self.target}, so Vela has no cycles to price the widths by")
-        return int(sum(float(s.get("cycles_total", 0) or 0) for s in summaries))
+        return vela_report(kept)["cycles_total"]
 
 
 __all__ = ["VelaCycles"]
