@@ -6,7 +6,7 @@ in the number of parameters: 40,000 of them did not finish in 20 minutes),
 exported, taken to the edge dialect (linear kept, as Arm's partitioner keeps
 it) and planned at policy W (min/max calibration); per block that is an encoded weight and bias (6 new constants: each
 linear's weight is encoded at its own port) and the activation codecs between blocks. Timed: only
-`materialize_with_stats` on a fresh copy of the planned program; not timed:
+`MaterializeCodecsPass` on a fresh copy of the planned program; not timed:
 export, edge, planning. Each size runs in its own subprocess.
 
 "Codecs" counts what materialisation inserts: encoded weights, encoded
@@ -47,7 +47,7 @@ def measure(blocks: int) -> dict[str, float | int]:
     from executorch.exir import to_edge
     from executorch.exir.capture._config import EdgeCompileConfig
 
-    from codec_tosa._passes.materialize_codecs import materialize_with_stats
+    from codec_tosa._passes.materialize_codecs import MaterializeCodecsPass
     from codec_tosa.planning import plan_program
     from codec_tosa.spec import CodecSpec
 
@@ -65,8 +65,10 @@ def measure(blocks: int) -> dict[str, float | int]:
     program = copy.deepcopy(ep)
     nodes = len(program.graph.nodes)
     started = time.perf_counter()
-    _, stats = materialize_with_stats(program)
+    materialize = MaterializeCodecsPass(program)
+    materialize(program.graph_module)
     seconds = time.perf_counter() - started
+    stats = materialize.stats
     codecs = stats.weights + stats.biases + stats.encodes + stats.decodes + stats.transcodes + stats.value_codes
     del planned
     return {"blocks": blocks, "fx_nodes": nodes, "codecs": codecs, "seconds": seconds,

@@ -128,13 +128,15 @@ def prepare_program(program: ExportedProgram, fold_batch_norm: bool = False) -> 
     batch norms folded into their convolutions as the partitioner folds them.
     Folding is off by default: the published figures count the exported graph,
     batch norms included. Returns the program with what was rewritten."""
-    from codec_tosa._passes.fold_batch_norm import fold_batch_norms
-    from codec_tosa._passes.fuse_standalone_ops import fuse_standalone_ops
+    from codec_tosa._passes.fold_batch_norm import FoldBatchNormPass
+    from codec_tosa._passes.fuse_standalone_ops import FuseStandaloneOpsPass
 
     ep = program.run_decompositions(analysis_decompositions())
-    counts = {"batch_norm": fold_batch_norms(ep) if fold_batch_norm else 0}
-    report = fuse_standalone_ops(ep)
-    counts.update(rms_norm=len(report.rms_norm), rope=len(report.rope))
+    fold, fuse = FoldBatchNormPass(ep), FuseStandaloneOpsPass(ep)
+    if fold_batch_norm:
+        fold(ep.graph_module)
+    fuse(ep.graph_module)
+    counts = {"batch_norm": fold.count, "rms_norm": len(fuse.report.rms_norm), "rope": len(fuse.report.rope)}
     return ep, counts
 
 

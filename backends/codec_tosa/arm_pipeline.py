@@ -50,7 +50,7 @@ from executorch.exir.pass_base import ExportPass
 from torch.export import ExportedProgram
 
 from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
-from codec_tosa._passes.const_shape_dedup import dedup_const_shapes
+from codec_tosa._passes.const_shape_dedup import DedupConstShapesPass
 from codec_tosa._passes.lower_codecs import CODEC_META_KEY, CodecOps, LowerCodecsPass
 from codec_tosa._passes.permutes_onto_codes import PermutesOntoCodesPass
 
@@ -221,7 +221,9 @@ class CodecArmPassManager(ArmPassManager):
         graph_module = super().transform_to_backend_pipeline(exported_program, graph_module)
         if self.options.dedup_const_shapes:
             started = time.perf_counter()
-            removed = dedup_const_shapes(graph_module, exir_ops.backend.tosa.CONST_SHAPE.default)
+            dedup = DedupConstShapesPass(exir_ops.backend.tosa.CONST_SHAPE.default)
+            dedup(graph_module)
+            removed = dedup.count
             if self.options.record_dedup is not None:
                 self.options.record_dedup(removed, time.perf_counter() - started)
         return graph_module

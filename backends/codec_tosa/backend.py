@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 
 from codec_tosa import arm_adapter, progress
 from codec_tosa.graph import user_input_nodes
-from codec_tosa._passes.materialize_codecs import materialize
+from codec_tosa._passes.materialize_codecs import MaterializeCodecsPass
 from codec_tosa.plan_meta import has_plan
 from codec_tosa.provenance import read_options
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
@@ -34,7 +34,7 @@ def lower_to_tosa(edge_program: ExportedProgram, arm_spec: Any, pool_constants: 
     progress.delegate_lowering()
     planned = has_plan(edge_program.graph_module)
     if planned:
-        edge_program = materialize(edge_program)
+        MaterializeCodecsPass(edge_program)(edge_program.graph_module)
     serializer = arm_adapter.new_serializer(
         arm_spec, PooledTosaSerializer if pool_constants else ts.TosaSerializer)
     inputs = [n.name for n in user_input_nodes(edge_program)]

@@ -44,9 +44,9 @@ from torchao.quantization.pt2e.quantizer import (
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
 from codec_tosa import arm_adapter
-from codec_tosa._passes.fully_masked_rows import zero_fully_masked_rows
-from codec_tosa._passes.mean_to_avg_pool import spatial_means_to_avg_pool
-from codec_tosa._passes.shape_reads_to_full import shape_reads_to_full
+from codec_tosa._passes.fully_masked_rows import ZeroFullyMaskedRowsPass
+from codec_tosa._passes.mean_to_avg_pool import MeanToAvgPoolPass
+from codec_tosa._passes.shape_reads_to_full import ShapeReadsToFullPass
 from codec_tosa.commutation.table import XNNPACK, CommutationTable
 from codec_tosa.graph import PortGraph
 
@@ -84,9 +84,9 @@ class ArmTarget(Int8Target):
         arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind an Ethos-U payload
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        spatial_means_to_avg_pool(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)
-        shape_reads_to_full(model)  # no delegate input that Arm's constant folding leaves unread
-        zero_fully_masked_rows(model)  # eager's zeros where Arm's softmax decomposition gives a mean
+        MeanToAvgPoolPass()(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)
+        ShapeReadsToFullPass()(model)  # no delegate input that Arm's constant folding leaves unread
+        ZeroFullyMaskedRowsPass()(model)  # eager's zeros where Arm's softmax decomposition gives a mean
         return self.quantizer.transform_for_annotation(model)
 
     def annotations(self, model: torch.fx.GraphModule) -> dict[str, QuantizationAnnotation]:
@@ -145,9 +145,10 @@ class XnnpackTarget(Int8Target):
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import _convert_scalars_to_attrs
 
-        from codec_tosa._passes.xnnpack_rewrites import rewrite_for_xnnpack
+        from codec_tosa._passes.xnnpack_rewrites import XnnpackRewritesPass
 
-        return _convert_scalars_to_attrs(rewrite_for_xnnpack(model))
+        XnnpackRewritesPass()(model)
+        return _convert_scalars_to_attrs(model)
 
     def plain_ops(self, graph: PortGraph, table: CommutationTable, annotations: Annotations) -> list[int]:
         """An operator without an XNNPACK kernel, or called with arguments its kernel

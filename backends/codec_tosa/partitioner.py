@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from codec_tosa import arm_adapter, progress
-from codec_tosa._passes.fold_batch_norm import fold_batch_norms
+from codec_tosa._passes.fold_batch_norm import FoldBatchNormPass
 from codec_tosa.backend import BACKEND_ID, lower_to_tosa
 from codec_tosa.calibration import random_calibration
 from codec_tosa.graph import has_empty_tensor, target_key, user_input_nodes
@@ -91,7 +91,7 @@ class CodecTosaPartitioner(Partitioner):
             # conv+BN must be one compressible operator for the plan (as the
             # analysis folds it); the reference policy has no plan, so Arm
             # lowers its batch norms itself and the bytes are stock
-            fold_batch_norms(out)
+            FoldBatchNormPass(out)(out.graph_module)
         self._real_state.update(out.state_dict)
         return out
 

@@ -44,9 +44,11 @@ class PlannedProgram:
         """The program with the plan's codecs inserted (computed once, then shared)."""
         if self._materialized is None:
             assert self.program is not None
-            from codec_tosa._passes.materialize_codecs import materialize
+            from codec_tosa._passes.materialize_codecs import MaterializeCodecsPass
 
-            self._materialized = materialize(real_copy(self.program, {}))
+            program = real_copy(self.program, {})
+            MaterializeCodecsPass(program)(program.graph_module)
+            self._materialized = program
         return self._materialized
 
     def traffic(self) -> Traffic:

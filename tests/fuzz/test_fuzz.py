@@ -268,7 +268,7 @@ def test_batch_norm_of_a_lone_batch_norm(tmp_path: Path, monkeypatch: pytest.Mon
     assert v is not None and v.verdict is Verdict.PASS and len(v.delegates) == 1
 
     # the upstream bug is still there (when this fails, the workaround can go)
-    monkeypatch.setattr(BatchNormConvolutionsPass, "__call__", lambda self, gm: PassResult(gm, False))
+    monkeypatch.setattr(BatchNormConvolutionsPass, "call", lambda self, gm: PassResult(gm, False))
     with pytest.raises(Exception) as failed:
         compile_and_validate_module(model, inputs, 3, "V", COALESCE, tmp_path / "untyped", str(BN_OF_BN))
     assert isinstance(_root_cause(failed.value), KeyError) and "'val'" in str(_root_cause(failed.value))

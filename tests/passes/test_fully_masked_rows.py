@@ -1,4 +1,4 @@
-"""`zero_fully_masked_rows`: attention rows a constant mask masks fully give eager's zeros."""
+"""`ZeroFullyMaskedRowsPass`: attention rows a constant mask masks fully give eager's zeros."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from codec_tosa import arm_adapter
-from codec_tosa._passes.fully_masked_rows import zero_fully_masked_rows
+from codec_tosa._passes.fully_masked_rows import ZeroFullyMaskedRowsPass
+
+
+def zero_fully_masked_rows(gm: torch.fx.GraphModule) -> int:
+    """Run the pass; how many it rewrote (what `PassResult.modified` says too)."""
+    pass_ = ZeroFullyMaskedRowsPass()
+    assert pass_(gm).modified == (pass_.count > 0)
+    return pass_.count
 
 
 class Attention(torch.nn.Module):

@@ -34,9 +34,8 @@ from codec_tosa._passes.materialize_codecs import (
     DQ_TENSOR,
     Q_TENSOR,
     MaterializeError,
+    MaterializeCodecsPass,
     MaterializeStats,
-    materialize,
-    materialize_with_stats,
 )
 from codec_tosa.plan_meta import KEY, write_plan_meta
 from codec_tosa.simulation import IntegerSimulator
@@ -164,8 +163,9 @@ def _case(name: str, placement: str, policy: str = "W", keep_linear: bool = True
     pl = place(graph, _table(), policy, placement, verify=True)
     thetas = _calibrate(ep, graph, pl, inputs)
     write_plan_meta(graph, pl.semantics, pl.plan, thetas, _table())
-    program, stats = materialize_with_stats(ep)
-    return Case(model, inputs, program, stats, pl, graph, thetas)
+    materialize = MaterializeCodecsPass(ep)
+    materialize(ep.graph_module)
+    return Case(model, inputs, ep, materialize.stats, pl, graph, thetas)
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,7 +295,7 @@ def test_a_domain_without_theta_is_refused_with_the_port_named() -> None:
     pl = place(graph, _table(), "W", COALESCE)
     write_plan_meta(graph, pl.semantics, pl.plan, {d.id: None for d in pl.plan.domains}, _table())
     with pytest.raises(MaterializeError, match="missing calibration"):
-        materialize(ep)
+        MaterializeCodecsPass(ep)(ep.graph_module)
 
 
 # ---- Arm lowering and the TOSA reference model --------------------------------
@@ -332,7 +332,8 @@ def test_tiny_shufflenet_lowers_and_matches_the_simulation() -> None:
     pl = place(graph, _table(), "W", COALESCE, verify=True)
     thetas = _calibrate(ep, graph, pl, inputs)
     write_plan_meta(graph, pl.semantics, pl.plan, thetas, _table())
-    program = materialize(ep)
+    MaterializeCodecsPass(ep)(ep.graph_module)
+    program = ep
     spec = arm_adapter.tosa_compile_spec(TOSA_SPEC)
     buf = arm_adapter.lower_into(copy.deepcopy(program), spec, arm_adapter.new_serializer(spec),
                                  lower_codecs=True)

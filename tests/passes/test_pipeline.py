@@ -14,14 +14,18 @@ import torch
 import small_models
 from codec_tosa import _passes
 from codec_tosa._passes import PIPELINE, Stage
+from codec_tosa._passes.pass_base import CodecPass
 from codec_tosa.arm_pipeline import CodecArmPassManager
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
 
 
-def _entry_code(module: str, function: str) -> CodeType:
-    obj = getattr(importlib.import_module(f"codec_tosa._passes.{module}"), function)
-    return (obj.__call__ if isinstance(obj, type) else obj).__code__
+def _pass_class(module: str, name: str) -> type[CodecPass]:
+    return getattr(importlib.import_module(f"codec_tosa._passes.{module}"), name)
+
+
+def _entry_code(module: str, name: str) -> CodeType:
+    return _pass_class(module, name).call.__code__
 
 
 def test_every_pass_module_is_declared_once() -> None:
@@ -29,15 +33,15 @@ def test_every_pass_module_is_declared_once() -> None:
     declared = [e.module for e in PIPELINE]
     assert sorted(declared) == sorted(set(declared))
     assert modules == set(declared) | set(_passes.HELPERS)
-    for e in PIPELINE:
-        _entry_code(e.module, e.function)  # the entry point exists
+    for e in PIPELINE:  # one signature: every pass is a CodecPass (torch.fx's PassBase)
+        assert issubclass(_pass_class(e.module, e.pass_class), CodecPass), e.pass_class
     stages = [list(Stage).index(e.stage) for e in PIPELINE]
     assert stages == sorted(stages), "PIPELINE lists the stages in flow order"
 
 
 def _run_recorded(compile_: Callable[[], Any]) -> list[str]:
     """Which of our passes `compile_` calls, in call order (repeats collapsed)."""
-    codes = {_entry_code(e.module, e.function): e.module for e in PIPELINE}
+    codes = {_entry_code(e.module, e.pass_class): e.module for e in PIPELINE}
     calls: list[str] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -89,8 +93,8 @@ def test_a_mixed_policy_compile_runs_its_passes_in_the_declared_order(
     for entry in (e for e in PIPELINE if e.stage is Stage.ARM_PIPELINE):
         for passes in pass_lists:
             names = [t.__name__ for t in passes]
-            at = names.index(entry.function)
-            assert entry.anchor in [t.__name__ for t in passes[at + 1].__mro__], (entry.function, names[at + 1])
+            at = names.index(entry.pass_class)
+            assert entry.anchor in [t.__name__ for t in passes[at + 1].__mro__], (entry.pass_class, names[at + 1])
 
 
 def test_an_integer_compile_runs_its_passes_in_the_declared_order() -> None:

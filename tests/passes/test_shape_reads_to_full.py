@@ -1,10 +1,17 @@
-"""`shape_reads_to_full`: an operator that reads only its input's shape becomes a `full`."""
+"""`ShapeReadsToFullPass`: an operator that reads only its input's shape becomes a `full`."""
 
 from __future__ import annotations
 
 import torch
 
-from codec_tosa._passes.shape_reads_to_full import shape_reads_to_full
+from codec_tosa._passes.shape_reads_to_full import ShapeReadsToFullPass
+
+
+def shape_reads_to_full(gm: torch.fx.GraphModule) -> int:
+    """Run the pass; how many it rewrote (what `PassResult.modified` says too)."""
+    pass_ = ShapeReadsToFullPass()
+    assert pass_(gm).modified == (pass_.count > 0)
+    return pass_.count
 
 
 class Likes(torch.nn.Module):

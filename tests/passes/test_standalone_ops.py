@@ -8,8 +8,19 @@ import pytest
 import torch
 from torch import nn
 
-from codec_tosa._passes.fuse_standalone_ops import drop_dtype_asserts, fuse_standalone_ops
+from codec_tosa._passes.fuse_standalone_ops import FuseStandaloneOpsPass, FusionReport, drop_dtype_asserts
 from codec_tosa.ops import RMS_NORM, ROPE, rms_norm, rope
+
+
+def fuse_standalone_ops(program: torch.export.ExportedProgram | torch.fx.GraphModule) -> FusionReport:
+    """Run the pass on a program (its signature follows renamed outputs) or a bare graph module."""
+    if isinstance(program, torch.export.ExportedProgram):
+        pass_, gm = FuseStandaloneOpsPass(program), program.graph_module
+    else:
+        pass_, gm = FuseStandaloneOpsPass(), program
+    assert pass_(gm).modified == (pass_.count > 0)
+    assert pass_.count == len(pass_.report.rms_norm) + len(pass_.report.rope)
+    return pass_.report
 
 
 class _RMSNorm(nn.Module):

@@ -12,7 +12,7 @@ import torch
 import tosa_serializer as ts
 
 from codec_tosa import arm_adapter
-from codec_tosa._passes.const_shape_dedup import dedup_const_shapes
+from codec_tosa._passes.const_shape_dedup import DedupConstShapesPass
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.tools.reference_model import bit_identical, reference_inputs
 from codec_tosa.serialization.tosa_stats import iter_constants, iter_operators
@@ -168,11 +168,12 @@ def test_const_shape_dedup_merges_identical_static_shapes_only() -> None:
     graph.output(tuple(uses))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
 
-    assert dedup_const_shapes(gm, _const_shape) == 2
+    dedup = DedupConstShapesPass(_const_shape)
+    assert dedup(gm).modified and dedup.count == 2
     remaining = [n for n in gm.graph.nodes if n.target is _const_shape]
     assert remaining == [nodes[0], nodes[2], symbolic]
     assert [u.args[1] for u in uses] == [nodes[0], nodes[0], nodes[2], nodes[0], symbolic]
-    assert dedup_const_shapes(gm, _const_shape) == 0
+    assert not dedup(gm).modified and dedup.count == 0
 
 
 # -- real lowerings: small models, stock vs pooled -------------------------

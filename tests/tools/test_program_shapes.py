@@ -67,14 +67,16 @@ def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypa
     wrong weights, but the planned FP32 program no longer equals eager: FAIL."""
     from codec_tosa import partitioner
 
-    fold = partitioner.fold_batch_norms
+    fold = partitioner.FoldBatchNormPass.call
 
-    def wrong(ep):  # type: ignore[no-untyped-def]
-        fold(ep)
+    def wrong(self, graph_module):  # type: ignore[no-untyped-def]
+        result = fold(self, graph_module)
+        ep = self.exported_program
         name = next(k for k in ep.state_dict if k.endswith("weight") and ep.state_dict[k].dim() == 4)
         ep.state_dict[name].mul_(1.5)
+        return result
 
-    monkeypatch.setattr(partitioner, "fold_batch_norms", wrong)
+    monkeypatch.setattr(partitioner.FoldBatchNormPass, "call", wrong)
     v = validate(_compile("conv_bn", "W", tmp_path))
     assert v.verdict is Verdict.FAIL
     (o,) = v.outputs

@@ -22,29 +22,26 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export.graph_signature import InputKind
 from torch.fx.passes.infra.pass_base import PassResult
 
+from codec_tosa._passes.pass_base import CodecPass, calls
+
 _BATCH_NORM = exir_ops.edge.aten._native_batch_norm_legit_no_training.default
 _CONVOLUTION = exir_ops.edge.aten.convolution.default
 
 
-class BatchNormConvolutionsPass:
-    """Called like a torch.fx pass: ``pass_(graph_module) -> PassResult``. The new
+class BatchNormConvolutionsPass(CodecPass):
+    """Give each lone batch norm a typed 1x1 convolution of its own. The new
     weights are parameters of `exported_program`, as Arm's `FuseBatchNorm2dPass`
     makes its own (constructed with the same program; Arm's pass manager points
     both at its working copy before each call)."""
 
     def __init__(self, exported_program: Any) -> None:
+        super().__init__()
         self.exported_program = exported_program
 
-    @property
-    def __name__(self) -> str:  # pass managers name passes by it
-        return type(self).__name__
-
-    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         graph = graph_module.graph
         inserted = 0
-        for bn in list(graph.nodes):
-            if bn.op != "call_function" or bn.target != _BATCH_NORM:
-                continue
+        for bn in calls(graph, _BATCH_NORM):
             source = bn.all_input_nodes[0]
             val = source.meta.get("val")
             if not isinstance(val, torch.Tensor) or val.dtype == torch.bfloat16:
@@ -67,5 +64,4 @@ class BatchNormConvolutionsPass:
             inserted += 1
         if inserted:
             graph.lint()
-            graph_module.recompile()
-        return PassResult(graph_module, bool(inserted))
+        return self.done(graph_module, inserted)

@@ -14,7 +14,7 @@ own: a control-flow submodule becomes its own TOSA block and cannot see its
 parent's tensors.
 
 The op overload is a parameter so this module does not import Arm's dialect;
-`codec_tosa.arm_adapter` supplies it.
+`codec_tosa.arm_pipeline` supplies it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch.fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass, calls
 
 
 def _static_value(node: torch.fx.Node) -> tuple[int, ...] | None:
@@ -38,27 +41,30 @@ def _static_value(node: torch.fx.Node) -> tuple[int, ...] | None:
     return tuple(val)
 
 
-def dedup_const_shapes(graph_module: torch.fx.GraphModule, const_shape_target: Any) -> int:
-    """Merge identical static CONST_SHAPE nodes of `graph_module`'s own graph.
+class DedupConstShapesPass(CodecPass):
+    """Merge identical static CONST_SHAPE nodes of a graph module's own graph;
+    `count` is the number of nodes removed.
 
-    Returns the number of nodes removed. Submodules are not visited (Arm lowers
-    each control-flow submodule separately; the adapter runs this on each).
+    Submodules are not visited (Arm lowers each control-flow submodule
+    separately; arm_pipeline runs this on each).
     """
-    first: dict[tuple[int, ...], torch.fx.Node] = {}
-    removed = 0
-    graph = graph_module.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != const_shape_target:
-            continue
-        value = _static_value(node)
-        if value is None:
-            continue
-        kept = first.setdefault(value, node)
-        if kept is node:
-            continue
-        node.replace_all_uses_with(kept)
-        graph.erase_node(node)
-        removed += 1
-    if removed:
-        graph_module.recompile()
-    return removed
+
+    def __init__(self, const_shape_target: Any) -> None:
+        super().__init__()
+        self.const_shape_target = const_shape_target
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        first: dict[tuple[int, ...], torch.fx.Node] = {}
+        removed = 0
+        graph = graph_module.graph
+        for node in calls(graph, self.const_shape_target):
+            value = _static_value(node)
+            if value is None:
+                continue
+            kept = first.setdefault(value, node)
+            if kept is node:
+                continue
+            node.replace_all_uses_with(kept)
+            graph.erase_node(node)
+            removed += 1
+        return self.done(graph_module, removed)

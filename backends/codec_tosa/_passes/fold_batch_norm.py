@@ -22,8 +22,10 @@ from executorch.backends.transforms.utils import (
 )
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.fx.passes.infra.pass_base import PassResult
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from codec_tosa._passes.pass_base import CodecPass
 from codec_tosa.graph import user_input_nodes
 
 _CONV = {torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default}
@@ -34,22 +36,30 @@ _BN = {
 }
 
 
-def fold_batch_norms(ep: ExportedProgram) -> int:
-    """Fold every `conv -> batch_norm` (inference) pair in place; returns how many."""
-    graph = ep.graph_module.graph
-    folded = 0
-    for conv in list(graph.nodes):
-        if conv.op != "call_function" or conv.target not in _CONV or len(conv.users) != 1:
-            continue
-        bn = next(iter(conv.users))
-        if bn.target not in _BN or bn.args[0] is not conv or not _foldable(ep, conv, bn):
-            continue
-        _fold(ep, conv, bn, folded)
-        folded += 1
-    if folded:
-        graph.eliminate_dead_code()
-        ep.graph_module.recompile()
-    return folded
+class FoldBatchNormPass(CodecPass):
+    """Fold every `conv -> batch_norm` (inference) pair of `exported_program` in place
+    (called on its graph module); `count` is how many. The folded weights are
+    parameters of that program, as Arm's `FuseBatchNorm2dPass` makes its own."""
+
+    def __init__(self, exported_program: ExportedProgram) -> None:
+        super().__init__()
+        self.exported_program = exported_program
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        ep = self.exported_program
+        assert graph_module is ep.graph_module, "the pass rewrites the program it was made for"
+        folded = 0
+        for conv in list(graph_module.graph.nodes):
+            if conv.op != "call_function" or conv.target not in _CONV or len(conv.users) != 1:
+                continue
+            bn = next(iter(conv.users))
+            if bn.target not in _BN or bn.args[0] is not conv or not _foldable(ep, conv, bn):
+                continue
+            _fold(ep, conv, bn, folded)
+            folded += 1
+        if folded:
+            graph_module.graph.eliminate_dead_code()
+        return self.done(graph_module, folded)
 
 
 def _foldable(ep: ExportedProgram, conv: torch.fx.Node, bn: torch.fx.Node) -> bool:

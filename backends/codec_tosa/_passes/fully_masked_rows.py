@@ -21,41 +21,42 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass, calls
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
-def zero_fully_masked_rows(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every attention whose constant mask masks a row fully; return how many."""
-    graph = gm.graph
-    count = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != _SDPA:
-            continue
-        mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
-        if not isinstance(mask_node, torch.fx.Node) or mask_node.op != "get_attr":
-            continue
-        mask = _attribute(gm, str(mask_node.target))
-        out = node.meta.get("val")
-        if not isinstance(mask, torch.Tensor) or not isinstance(out, torch.Tensor):
-            continue
-        attended = mask if mask.dtype == torch.bool else mask != -math.inf
-        keep = attended.any(dim=-1, keepdim=True).to(out.dtype)
-        if bool(keep.all()):
-            continue
-        name = _free_name(gm, f"{node.name}_rows_kept")
-        gm.register_buffer(name, keep)
-        with graph.inserting_after(node):
-            keep_node = graph.get_attr(name)
-        with graph.inserting_after(keep_node):
-            product = graph.call_function(torch.ops.aten.mul.Tensor, (node, keep_node))
-        keep_node.meta["val"] = keep
-        product.meta = {**node.meta, "val": out * keep}
-        node.replace_all_uses_with(product, delete_user_cb=lambda user: user is not product)
-        count += 1
-    if count:
-        gm.recompile()
-    return count
+class ZeroFullyMaskedRowsPass(CodecPass):
+    """Every attention whose constant mask masks a row fully, times its rows kept, in place."""
+
+    def call(self, gm: torch.fx.GraphModule) -> PassResult:
+        graph = gm.graph
+        count = 0
+        for node in calls(graph, _SDPA):
+            mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+            if not isinstance(mask_node, torch.fx.Node) or mask_node.op != "get_attr":
+                continue
+            mask = _attribute(gm, str(mask_node.target))
+            out = node.meta.get("val")
+            if not isinstance(mask, torch.Tensor) or not isinstance(out, torch.Tensor):
+                continue
+            attended = mask if mask.dtype == torch.bool else mask != -math.inf
+            keep = attended.any(dim=-1, keepdim=True).to(out.dtype)
+            if bool(keep.all()):
+                continue
+            name = _free_name(gm, f"{node.name}_rows_kept")
+            gm.register_buffer(name, keep)
+            with graph.inserting_after(node):
+                keep_node = graph.get_attr(name)
+            with graph.inserting_after(keep_node):
+                product = graph.call_function(torch.ops.aten.mul.Tensor, (node, keep_node))
+            keep_node.meta["val"] = keep
+            product.meta = {**node.meta, "val": out * keep}
+            node.replace_all_uses_with(product, delete_user_cb=lambda user: user is not product)
+            count += 1
+        return self.done(gm, count)
 
 
 def _attribute(gm: torch.fx.GraphModule, target: str) -> object:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass
 
 from codec_tosa.ops import RMS_NORM, ROPE
 
@@ -29,7 +32,7 @@ _ASSERT = aten._assert_tensor_metadata.default
 
 @dataclass
 class FusionReport:
-    """What :func:`fuse_standalone_ops` replaced: names of the new nodes."""
+    """What `FuseStandaloneOpsPass` replaced: names of the new nodes."""
 
     rms_norm: list[str] = field(default_factory=list)
     rope: list[str] = field(default_factory=list)
@@ -176,44 +179,50 @@ def _replace(
     return new
 
 
-def fuse_standalone_ops(
-    program: torch.export.ExportedProgram | fx.GraphModule,
-) -> FusionReport:
-    """Replace RMSNorm and RoPE subgraphs of a core-ATen graph in place.
+class FuseStandaloneOpsPass(CodecPass):
+    """Replace RMSNorm and RoPE subgraphs of a core-ATen graph in place; `report`
+    names the new nodes, `count` is how many.
 
-    Works on an ExportedProgram (after ``run_decompositions()``) or a
-    GraphModule whose nodes carry ``meta["val"]``. The custom ops have no
+    Works on a graph whose nodes carry ``meta["val"]``; made with the
+    ExportedProgram that owns the graph (after ``run_decompositions()``), it
+    also renames replaced outputs in its signature. The custom ops have no
     decomposition, so a later ``run_decompositions()`` keeps them.
     """
-    exported = isinstance(program, torch.export.ExportedProgram)
-    gm = program.graph_module if exported else program
-    graph = gm.graph
-    report = FusionReport()
-    renamed: list[tuple[str, str]] = []
-    for node in list(graph.nodes):
-        if node._erased:  # interior of an earlier replacement
-            continue
-        if _is(node, aten.rsqrt.default):
-            match = _match_rms_norm(node)
-            if match is not None:
-                old, a, interior = match
-                new = _replace(graph, old, RMS_NORM, (a["x"], a["weight"], a["eps"]), interior)
-                report.rms_norm.append(new.name)
-                renamed.append((old.name, new.name))
-        elif _is(node, aten.cat.default):
-            match = _match_rope(node)
-            if match is not None:
-                old, a, interior = match
-                new = _replace(graph, old, ROPE, (a["x"], a["cos"], a["sin"]), interior)
-                report.rope.append(new.name)
-                renamed.append((old.name, new.name))
-    if exported:
-        # The signature names output nodes; a replaced node may be an output.
-        for old_name, new_name in renamed:
-            program.graph_signature.replace_all_uses(old_name, new_name)
-    graph.lint()
-    gm.recompile()
-    return report
+
+    def __init__(self, exported_program: torch.export.ExportedProgram | None = None) -> None:
+        super().__init__()
+        self.exported_program = exported_program
+        self.report = FusionReport()
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        graph = gm.graph
+        report = self.report = FusionReport()
+        renamed: list[tuple[str, str]] = []
+        for node in list(graph.nodes):
+            if node._erased:  # interior of an earlier replacement
+                continue
+            if _is(node, aten.rsqrt.default):
+                match = _match_rms_norm(node)
+                if match is not None:
+                    old, a, interior = match
+                    new = _replace(graph, old, RMS_NORM, (a["x"], a["weight"], a["eps"]), interior)
+                    report.rms_norm.append(new.name)
+                    renamed.append((old.name, new.name))
+            elif _is(node, aten.cat.default):
+                match = _match_rope(node)
+                if match is not None:
+                    old, a, interior = match
+                    new = _replace(graph, old, ROPE, (a["x"], a["cos"], a["sin"]), interior)
+                    report.rope.append(new.name)
+                    renamed.append((old.name, new.name))
+        if self.exported_program is not None:
+            # The signature names output nodes; a replaced node may be an output.
+            for old_name, new_name in renamed:
+                self.exported_program.graph_signature.replace_all_uses(old_name, new_name)
+        graph.lint()
+        gm.recompile()  # always: the caller may rely on fresh code
+        self.count = len(report.rms_norm) + len(report.rope)
+        return PassResult(gm, self.count > 0)
 
 
 def drop_dtype_asserts(program: torch.export.ExportedProgram | fx.GraphModule) -> int:
@@ -232,4 +241,4 @@ def drop_dtype_asserts(program: torch.export.ExportedProgram | fx.GraphModule) -
     return dropped
 
 
-__all__ = ["FusionReport", "drop_dtype_asserts", "fuse_standalone_ops"]
+__all__ = ["FusionReport", "FuseStandaloneOpsPass", "drop_dtype_asserts"]

@@ -1,6 +1,6 @@
 """Lower the plan's encodes and decodes as minimal, bit-exact TOSA sequences.
 
-`materialize` writes every codec as PT2E ``quantize_per_tensor`` /
+`MaterializeCodecsPass` writes every codec as PT2E ``quantize_per_tensor`` /
 ``dequantize_per_tensor`` nodes. Arm folds the ones around INT8 operators into
 the operators; the leftovers are the codecs between FP32 and INT8 code, which
 Arm would otherwise decompose into a 10-operator round-half-away-from-zero
@@ -49,6 +49,8 @@ import torch
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassResult
 
+from codec_tosa._passes.pass_base import CodecPass
+
 # Set on every node this pass creates (value: "encode" / "decode"), so later
 # passes and tests can tell our codec operators from Arm's.
 CODEC_META_KEY = "codec_tosa_codec"
@@ -76,22 +78,18 @@ class LowerCodecsResult:
     left_to_arm: int = 0
 
 
-class LowerCodecsPass:
+class LowerCodecsPass(CodecPass):
     """Rewrite leftover per-tensor q/dq nodes into the sequences above.
 
-    Called like a torch.fx pass: ``pass_(graph_module) -> PassResult``.
     `last` keeps what the last call did (for tests and reports).
     """
 
     def __init__(self, ops: CodecOps) -> None:
+        super().__init__()
         self.ops = ops
         self.last = LowerCodecsResult()
 
-    @property
-    def __name__(self) -> str:  # pass managers name passes by it
-        return type(self).__name__
-
-    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
         result = LowerCodecsResult()
         graph = graph_module.graph
         for node in list(graph.nodes):
@@ -107,11 +105,10 @@ class LowerCodecsPass:
                 if not is_transcode:
                     self._lower(graph, node, result, encode=True)
         self.last = result
-        modified = bool(result.encodes or result.decodes or result.split_transcodes)
-        if modified:
+        count = result.encodes + result.decodes + result.split_transcodes
+        if count:
             graph.eliminate_dead_code()
-            graph_module.recompile()
-        return PassResult(graph_module, modified)
+        return self.done(graph_module, count)
 
     # ---- transcodes -------------------------------------------------------
     def _feeds_quantize_only(self, dq: torch.fx.Node) -> bool:

@@ -69,8 +69,8 @@ What Arm's passes need, learned from executorch 1.5.1 ``backends/arm/_passes``:
   lowered (the edge program keeps ``aten.linear``, which Arm's partitioner
   lists in ``ops_to_not_decompose`` for INT+FP).
 
-The rewrite is in place: ``materialize`` mutates and returns the program it
-is given (the backend already receives a deep copy of the partition).
+The rewrite is in place: the pass mutates the program it is made for (the
+backend already receives a deep copy of the partition).
 """
 
 from __future__ import annotations
@@ -86,10 +86,12 @@ import torch.fx
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputSpec, TensorArgument
+from torch.fx.passes.infra.pass_base import PassResult
 
 from codec_tosa.codecs.base import ChannelTheta, Theta
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX as _INT32_QMAX, INT32_QMIN as _INT32_QMIN
 from codec_tosa._passes.constant_inputs import ConstantInputs
+from codec_tosa._passes.pass_base import CodecPass
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
 from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
@@ -122,25 +124,33 @@ class MaterializeStats:
 
 
 
-def materialize(edge_program: ExportedProgram) -> ExportedProgram:
-    """Insert the plan's codecs and offline-encoded weights; mutates and returns `edge_program`."""
-    return materialize_with_stats(edge_program)[0]
+class MaterializeCodecsPass(CodecPass):
+    """Insert the plan of `exported_program` (on its nodes' meta) as codecs and
+    offline-encoded weights, in place (called on its graph module); `stats` says
+    what was inserted, `count` how many codecs and weights."""
 
+    def __init__(self, exported_program: ExportedProgram) -> None:
+        super().__init__()
+        self.exported_program = exported_program
+        self.stats = MaterializeStats()
 
-def materialize_with_stats(edge_program: ExportedProgram) -> tuple[ExportedProgram, MaterializeStats]:
-    gm = edge_program.graph_module
-    graph = PortGraph.from_fx(gm, program_constants(edge_program))
-    ins, outs = read_port_codecs(graph)
-    stats = MaterializeStats()
-    if not any(ins) and not any(outs):
-        return edge_program, stats
-    _check_thetas(graph, ins, outs)
-    m = _Materializer(edge_program, graph, ins, outs, stats)
-    m.annotate_int8_ops()
-    m.encode_weights()
-    m.insert_activation_codecs()
-    m.clean_up()
-    return edge_program, stats
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        ep = self.exported_program
+        assert graph_module is ep.graph_module, "the pass rewrites the program it was made for"
+        graph = PortGraph.from_fx(graph_module, program_constants(ep))
+        ins, outs = read_port_codecs(graph)
+        self.stats = stats = MaterializeStats()
+        if not any(ins) and not any(outs):
+            self.count = 0
+            return PassResult(graph_module, False)
+        _check_thetas(graph, ins, outs)
+        m = _Materializer(ep, graph, ins, outs, stats)
+        m.annotate_int8_ops()
+        m.encode_weights()
+        m.insert_activation_codecs()
+        m.clean_up()  # recompiles
+        self.count = stats.decodes + stats.encodes + stats.transcodes + stats.value_codes + stats.weights
+        return PassResult(graph_module, True)
 
 
 class _Materializer:

@@ -19,6 +19,9 @@ because ExecuTorch's decomposition would otherwise turn the global one into
 from __future__ import annotations
 
 import torch
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass
 
 _MEAN = torch.ops.aten.mean.dim
 # A kernel covering the whole input has one output at any stride; stride 1 is
@@ -28,33 +31,33 @@ _GLOBAL_STRIDE = [1, 1]
 _ADAPTIVE = (torch.ops.aten.adaptive_avg_pool2d.default, torch.ops.aten._adaptive_avg_pool2d.default)
 
 
-def spatial_means_to_avg_pool(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every spatial mean of a 4-D tensor in place; return how many."""
-    graph = gm.graph
-    count = 0
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in _ADAPTIVE and _divisible(node):
-            count += _adaptive_to_avg_pool(graph, node)
-            continue
-        if node.op != "call_function" or node.target is not _MEAN or not _spatial(node):
-            continue
-        x = node.args[0]
-        keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
-        n, c, h, w = x.meta["val"].shape
-        with graph.inserting_before(node):
-            pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, [h, w], _GLOBAL_STRIDE))
-            pooled.meta = dict(node.meta)
-            pooled.meta["val"] = x.meta["val"].new_empty((n, c, 1, 1))
-            out = pooled
-            if not keepdim:
-                out = graph.call_function(torch.ops.aten.view.default, (pooled, [n, c]))
-                out.meta = dict(node.meta)
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
-        count += 1
-    if count:
-        gm.recompile()
-    return count
+class MeanToAvgPoolPass(CodecPass):
+    """Every spatial mean of a 4-D tensor (and divisible adaptive average pool) as one avg_pool2d, in place."""
+
+    def call(self, gm: torch.fx.GraphModule) -> PassResult:
+        graph = gm.graph
+        count = 0
+        for node in list(graph.nodes):
+            if node.op == "call_function" and node.target in _ADAPTIVE and _divisible(node):
+                count += _adaptive_to_avg_pool(graph, node)
+                continue
+            if node.op != "call_function" or node.target is not _MEAN or not _spatial(node):
+                continue
+            x = node.args[0]
+            keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+            n, c, h, w = x.meta["val"].shape
+            with graph.inserting_before(node):
+                pooled = graph.call_function(torch.ops.aten.avg_pool2d.default, (x, [h, w], _GLOBAL_STRIDE))
+                pooled.meta = dict(node.meta)
+                pooled.meta["val"] = x.meta["val"].new_empty((n, c, 1, 1))
+                out = pooled
+                if not keepdim:
+                    out = graph.call_function(torch.ops.aten.view.default, (pooled, [n, c]))
+                    out.meta = dict(node.meta)
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+            count += 1
+        return self.done(gm, count)
 
 
 def _spatial(node: torch.fx.Node) -> bool:

@@ -15,7 +15,7 @@ so that layout operators stay on the INT8 side of a codec (docs/DESIGN.md,
 reader, so no other reader sees a different layout.
 
 The permute target is a parameter so this module does not import Arm's
-dialect; `codec_tosa.arm_adapter` supplies it.
+dialect; `codec_tosa.arm_pipeline` supplies it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass, calls
 
 from codec_tosa._passes.lower_codecs import CODEC_META_KEY
 
@@ -62,26 +64,20 @@ def _relaid(node: torch.fx.Node, like: torch.Tensor, dtype: torch.dtype | None =
     node.meta["val"] = like.to(dtype or node.meta["val"].dtype)
 
 
-class PermutesOntoCodesPass:
-    """Called like a torch.fx pass: ``pass_(graph_module) -> PassResult``."""
+class PermutesOntoCodesPass(CodecPass):
+    """Move each permute next to a codec chain onto the chain's INT8 side; `count` is how many."""
 
     def __init__(self, permute_target: Any) -> None:
+        super().__init__()
         self.permute_target = permute_target
-        self.moved = 0
 
-    @property
-    def __name__(self) -> str:  # pass managers name passes by it
-        return type(self).__name__
-
-    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        self.moved = 0
-        for node in list(graph_module.graph.nodes):
-            if node.op == "call_function" and node.target == self.permute_target:
-                self.moved += self._down_through_encode(node) or self._up_through_decode(node)
-        if self.moved:
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        moved = 0
+        for node in calls(graph_module.graph, self.permute_target):
+            moved += self._down_through_encode(node) or self._up_through_decode(node)
+        if moved:
             graph_module.graph.lint()
-            graph_module.recompile()
-        return PassResult(graph_module, bool(self.moved))
+        return self.done(graph_module, moved)
 
     @staticmethod
     def _down_through_encode(permute: torch.fx.Node) -> bool:

@@ -13,6 +13,9 @@ the constant has no input at all, which is what Arm's lowering makes of it.
 from __future__ import annotations
 
 import torch
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass, calls
 
 _LIKE = {
     torch.ops.aten.zeros_like.default: 0.0,
@@ -21,32 +24,29 @@ _LIKE = {
 }
 
 
-def shape_reads_to_full(gm: torch.fx.GraphModule) -> int:
-    """Rewrite every such operator of a statically shaped, contiguous tensor in place;
-    return how many."""
-    graph = gm.graph
-    count = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _LIKE:
-            continue
-        out = node.meta.get("val")
-        if not isinstance(out, torch.Tensor) or not _static_contiguous(out):
-            continue
-        fill = _LIKE[node.target]
-        if fill is None:
-            fill = node.args[1] if len(node.args) > 1 else node.kwargs["fill_value"]
-        if not isinstance(fill, (int, float, bool)):
-            continue
-        with graph.inserting_before(node):
-            full = graph.call_function(torch.ops.aten.full.default, (list(out.shape), fill),
-                                       {"dtype": out.dtype, "device": out.device, "pin_memory": False})
-        full.meta = dict(node.meta)
-        node.replace_all_uses_with(full)
-        graph.erase_node(node)
-        count += 1
-    if count:
-        gm.recompile()
-    return count
+class ShapeReadsToFullPass(CodecPass):
+    """Every such operator of a statically shaped, contiguous tensor as a `full`, in place."""
+
+    def call(self, gm: torch.fx.GraphModule) -> PassResult:
+        graph = gm.graph
+        count = 0
+        for node in calls(graph, *_LIKE):
+            out = node.meta.get("val")
+            if not isinstance(out, torch.Tensor) or not _static_contiguous(out):
+                continue
+            fill = _LIKE[node.target]
+            if fill is None:
+                fill = node.args[1] if len(node.args) > 1 else node.kwargs["fill_value"]
+            if not isinstance(fill, (int, float, bool)):
+                continue
+            with graph.inserting_before(node):
+                full = graph.call_function(torch.ops.aten.full.default, (list(out.shape), fill),
+                                           {"dtype": out.dtype, "device": out.device, "pin_memory": False})
+            full.meta = dict(node.meta)
+            node.replace_all_uses_with(full)
+            graph.erase_node(node)
+            count += 1
+        return self.done(gm, count)
 
 
 def _static_contiguous(value: torch.Tensor) -> bool:

@@ -31,6 +31,9 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from codec_tosa._passes.pass_base import CodecPass, calls
 
 aten = torch.ops.aten
 
@@ -95,9 +98,7 @@ def chunks_to_slices(gm: torch.fx.GraphModule) -> int:
     """Replace each static chunk/split whose outputs are read only through getitem
     by one slice per output read; returns how many splits were replaced."""
     graph, done = gm.graph, 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _SPLITS:
-            continue
+    for node in calls(graph, *_SPLITS):
         x = node.args[0]
         val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -129,8 +130,8 @@ def means_keep_dims(gm: torch.fx.GraphModule) -> int:
     takes it (axes ``[2, 3]``, ``keepdim=True``), followed by a view to its shape
     when it dropped the axes; returns how many means were rewritten."""
     graph, done = gm.graph, 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != aten.mean.dim or node.kwargs.get("dtype") is not None:
+    for node in calls(graph, aten.mean.dim):
+        if node.kwargs.get("dtype") is not None:
             continue
         x = node.args[0]
         val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
@@ -156,9 +157,7 @@ def contiguous_permutes(gm: torch.fx.GraphModule) -> int:
     """Replace each ``transpose``/``permute`` read only by a ``contiguous`` with one
     ``permute_copy``; returns how many pairs were replaced."""
     graph, done = gm.graph, 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != aten.contiguous.default:
-            continue
+    for node in calls(graph, aten.contiguous.default):
         src = node.args[0]
         if (not isinstance(src, torch.fx.Node) or src.op != "call_function" or len(src.users) != 1
                 or src.target not in (aten.transpose.int, aten.permute.default)):
@@ -185,9 +184,7 @@ def contiguous_permutes(gm: torch.fx.GraphModule) -> int:
 def drop_eval_dropout(gm: torch.fx.GraphModule) -> int:
     """Remove every dropout with ``train=False`` (the identity); returns how many."""
     graph, done = gm.graph, 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target != aten.dropout.default:
-            continue
+    for node in calls(graph, aten.dropout.default):
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
         if train:
             continue
@@ -197,13 +194,12 @@ def drop_eval_dropout(gm: torch.fx.GraphModule) -> int:
     return _done(gm, done)
 
 
-def rewrite_for_xnnpack(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """All of the above, in place; returns `gm`."""
-    drop_eval_dropout(gm)
-    chunks_to_slices(gm)
-    means_keep_dims(gm)
-    contiguous_permutes(gm)
-    return gm
+class XnnpackRewritesPass(CodecPass):
+    """All of the above, in place; `count` is how many operators were rewritten."""
+
+    def call(self, gm: torch.fx.GraphModule) -> PassResult:
+        count = drop_eval_dropout(gm) + chunks_to_slices(gm) + means_keep_dims(gm) + contiguous_permutes(gm)
+        return self.done(gm, count)
 
 
-__all__ = ["chunks_to_slices", "contiguous_permutes", "drop_eval_dropout", "means_keep_dims", "rewrite_for_xnnpack"]
+__all__ = ["chunks_to_slices", "contiguous_permutes", "drop_eval_dropout", "means_keep_dims", "XnnpackRewritesPass"]
