@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "backends" / "codec_tosa"
 
 # bottom first; modules on one floor may import each other (docs/DESIGN.md lists them)
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("units", "graph", "ops", "rescale", "progress", "pytrees", "vgf"),
+    ("units", "graph", "ops", "rescale", "integer_products", "progress", "pytrees", "vgf"),
     ("commutation", "codecs"),
     ("placement",),
     ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec", "precision"),

@@ -10,7 +10,8 @@ bit instead of drifting by a few quantisation steps on deep models
   and whose result is read only by a quantize (conv, incl. depthwise;
   linear, lowered by Arm as a 1x1 CONV2D; mm/bmm, lowered as MATMUL) is
   evaluated on the codes: ``sum((x - zp_x) * (w - zp_w))`` accumulated
-  exactly (float64 of integers below 2**53, then rounded), plus the int32
+  exactly (`integer_products`: float32 chunks whose sums stay below 2**24,
+  added in float64), plus the int32
   bias codes, then RESCALEd to the output codes with the per-channel scale
   ``(s_x * s_w[c]) / s_out`` in the order Arm's RewriteConvPass and
   RewriteMatmulPass compute it;
@@ -59,6 +60,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 import torch.fx
+from codec_tosa import integer_products
 from codec_tosa.calibration import lifted_args
 from codec_tosa.graph import target_key
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
@@ -517,17 +519,15 @@ class IntegerSimulator(torch.fx.Interpreter):
             _, _, _, stride, padding, dilation, transposed, out_pad, groups = args
             if transposed:
                 return None
-            acc = torch.ops.aten.convolution.default(xs, ws, None, stride, padding, dilation,
-                                                     transposed, out_pad, groups)
+            acc = integer_products.convolution(xs, ws, stride, padding, dilation, groups)
             axis = 1
         elif key == _LINEAR:
-            acc = torch.nn.functional.linear(xs, ws)
+            acc = integer_products.linear(xs, ws)
             axis = acc.dim() - 1
         else:
-            acc = torch.matmul(xs, ws)
+            acc = integer_products.matmul(xs, ws)
             axis = acc.dim() - 1
-        # every partial sum is an integer below 2**53: float64 holds it exactly,
-        # whatever the summation order; rounding only removes representation noise
+        # exact integers (integer_products); rounding only removes representation noise
         values = torch.round(acc).to(torch.int64)
         if bias is not None:
             shape = [1] * values.dim()

@@ -1,0 +1,77 @@
+"""integer_products: exact integer convolutions and matmuls from float32 chunks.
+
+The oracle is independent of the chunking: int64 matmuls, and float64
+convolutions (exact: every partial sum is an integer far below 2**53). Ranges
+are those of centred codes: int8 activations with a zero point (up to 255 in
+magnitude), symmetric int8 weights, and int16 activations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codec_tosa import integer_products
+
+INT8_CENTRED = 255  # |code - zero_point| of an asymmetric int8 activation
+INT16 = 32767
+
+
+def _codes(generator: torch.Generator, shape: tuple[int, ...], bound: int) -> torch.Tensor:
+    return torch.randint(-bound, bound + 1, shape, generator=generator).to(torch.float64)
+
+
+def _conv64(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
+            groups: int) -> torch.Tensor:
+    return torch.ops.aten.convolution.default(x, w, None, stride, padding, dilation, False, [0, 0], groups)
+
+
+@pytest.mark.parametrize("cin, cout, k, stride, padding, dilation, groups, x_bound", [
+    (300, 8, 3, [1, 1], [1, 1], [1, 1], 1, INT8_CENTRED),  # 2,700 taps: several float32 chunks
+    (96, 16, 3, [2, 2], [2, 2], [2, 2], 1, INT8_CENTRED),
+    (2100, 4, 1, [1, 1], [0, 0], [1, 1], 1, INT8_CENTRED),  # 1x1 over many channels
+    (32, 32, 3, [1, 1], [1, 1], [1, 1], 32, INT8_CENTRED),  # depthwise
+    (512, 8, 3, [1, 1], [1, 1], [1, 1], 4, INT8_CENTRED),  # grouped, too wide for one chunk
+    (40, 8, 3, [1, 1], [1, 1], [1, 1], 1, INT16),  # int16 activations
+])
+def test_convolution_is_exact(cin: int, cout: int, k: int, stride: list[int], padding: list[int],
+                              dilation: list[int], groups: int, x_bound: int) -> None:
+    g = torch.Generator().manual_seed(cin * 31 + cout)
+    x = _codes(g, (2, cin, 9, 11), x_bound)
+    w = _codes(g, (cout, cin // groups, k, k), 127)
+    got = integer_products.convolution(x, w, stride, padding, dilation, groups)
+    assert got.dtype == torch.float64
+    assert torch.equal(got, _conv64(x, w, stride, padding, dilation, groups))
+
+
+def test_the_worst_case_sum_needs_the_chunks() -> None:
+    # every product at its largest, so the plain float32 sum passes 2**24 and rounds;
+    # the chunked one stays exact
+    cin = 600
+    x = torch.full((1, cin, 5, 5), float(INT8_CENTRED), dtype=torch.float64)
+    w = torch.full((3, cin, 3, 3), 127.0, dtype=torch.float64)
+    w[1] = -127.0
+    exact = _conv64(x, w, [1, 1], [1, 1], [1, 1], 1)
+    plain = _conv64(x.float(), w.float(), [1, 1], [1, 1], [1, 1], 1).to(torch.float64)
+    assert not torch.equal(plain, exact)
+    assert torch.equal(integer_products.convolution(x, w, [1, 1], [1, 1], [1, 1], 1), exact)
+
+
+@pytest.mark.parametrize("shape, k, x_bound", [
+    ((7, 5000), 5000, INT8_CENTRED),
+    ((2, 6, 1200), 1200, INT8_CENTRED),
+    ((3, 700), 700, INT16),
+])
+def test_linear_is_exact(shape: tuple[int, ...], k: int, x_bound: int) -> None:
+    g = torch.Generator().manual_seed(k)
+    x, w = _codes(g, shape, x_bound), _codes(g, (9, k), 127)
+    expected = (x.to(torch.int64) @ w.to(torch.int64).T).to(torch.float64)
+    assert torch.equal(integer_products.linear(x, w), expected)
+
+
+def test_matmul_is_exact() -> None:
+    g = torch.Generator().manual_seed(3)
+    x, w = _codes(g, (4, 6, 3000), INT8_CENTRED), _codes(g, (4, 3000, 5), 255)
+    expected = torch.matmul(x.to(torch.int64), w.to(torch.int64)).to(torch.float64)
+    assert torch.equal(integer_products.matmul(x, w), expected)
+    assert torch.equal(integer_products.matmul(x[0], w[0]), expected[0])
