@@ -131,7 +131,7 @@ def vela(buf: bytes, flags: list[str]) -> tuple[dict[str, Any], dict[str, tuple[
         if rc:
             raise RuntimeError(f"Vela exit code {rc}: {log.getvalue()[-500:]}")
         run = {"summary": read_vela_summary(f"{d}/out"), "operators": vela_operator_counts(log.getvalue())}
-        return vela_report([run], 0), per_operator_in(f"{d}/out")
+        return vela_report([run]), per_operator_in(f"{d}/out")
 
 
 def count(buf: bytes, op: str) -> int:
