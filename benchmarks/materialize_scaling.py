@@ -68,8 +68,7 @@ def measure(blocks: int) -> dict[str, float | int]:
     materialize = MaterializeCodecsPass(program)
     materialize(program.graph_module)
     seconds = time.perf_counter() - started
-    stats = materialize.stats
-    codecs = stats.weights + stats.biases + stats.encodes + stats.decodes + stats.transcodes + stats.value_codes
+    codecs = materialize.stats.codecs
     del planned
     return {"blocks": blocks, "fx_nodes": nodes, "codecs": codecs, "seconds": seconds,
             "us_per_codec": 1e6 * seconds / max(codecs, 1), "prepare_seconds": prepared}

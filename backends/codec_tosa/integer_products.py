@@ -79,10 +79,12 @@ def convolution(x: torch.Tensor, w: torch.Tensor, stride: Sequence[int], padding
         return op(x, w)
 
     taps = w[0, 0].numel()
-    if groups != 1:  # chunks would have to cut every group alike: only the one-chunk case
-        return op(x.to(torch.float32), w.to(torch.float32)).to(torch.float64) \
-            if _terms_per_chunk(x, w, taps) >= w.shape[1] else float64()
-    return _chunked(x, w, w.shape[1], 1, 1, taps, op, float64)
+    if groups == 1:
+        return _chunked(x, w, w.shape[1], 1, 1, taps, op, float64)
+    # chunks would have to cut every group alike: only the one-chunk case
+    if _terms_per_chunk(x, w, taps) >= w.shape[1]:
+        return op(x.to(torch.float32), w.to(torch.float32)).to(torch.float64)
+    return float64()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -121,13 +121,16 @@ class MaterializeStats:
     biases: int = 0
     removed_constants: list[str] = field(default_factory=list)
 
-
+    @property
+    def codecs(self) -> int:
+        """Codecs and encoded weights and biases inserted, in all."""
+        return self.decodes + self.encodes + self.transcodes + self.value_codes + self.weights + self.biases
 
 
 class MaterializeCodecsPass(CodecPass):
     """Insert the plan of `exported_program` (on its nodes' meta) as codecs and
     offline-encoded weights, in place (called on its graph module); `stats` says
-    what was inserted, `count` how many codecs and weights."""
+    what was inserted, `count` how many codecs, weights and biases."""
 
     def __init__(self, exported_program: ExportedProgram) -> None:
         super().__init__()
@@ -149,7 +152,7 @@ class MaterializeCodecsPass(CodecPass):
         m.encode_weights()
         m.insert_activation_codecs()
         m.clean_up()  # recompiles
-        self.count = stats.decodes + stats.encodes + stats.transcodes + stats.value_codes + stats.weights
+        self.count = stats.codecs
         return PassResult(graph_module, True)
 
 
