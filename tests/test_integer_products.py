@@ -15,6 +15,7 @@ from codec_tosa import integer_products
 
 INT8_CENTRED = 255  # |code - zero_point| of an asymmetric int8 activation
 INT16 = 32767
+INT16_CENTRED = 65535  # |code - zero_point| of an asymmetric int16 activation
 
 
 def _codes(generator: torch.Generator, shape: tuple[int, ...], bound: int) -> torch.Tensor:
@@ -33,6 +34,10 @@ def _conv64(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[i
     (32, 32, 3, [1, 1], [1, 1], [1, 1], 32, INT8_CENTRED),  # depthwise
     (512, 8, 3, [1, 1], [1, 1], [1, 1], 4, INT8_CENTRED),  # grouped, too wide for one chunk
     (40, 8, 3, [1, 1], [1, 1], [1, 1], 1, INT16),  # int16 activations
+    (300, 8, 3, [1, 1], [1, 1], [1, 1], 1, INT16_CENTRED),  # two digits, several chunks each
+    (24, 24, 3, [1, 1], [1, 1], [1, 1], 24, INT16_CENTRED),  # depthwise, two digits
+    (64, 8, 3, [1, 1], [1, 1], [1, 1], 4, INT16_CENTRED),  # grouped: two digits, one chunk
+    (200, 4, 3, [1, 1], [1, 1], [1, 1], 1, 2 ** 20 - 1),  # three digits
 ])
 def test_convolution_is_exact(cin: int, cout: int, k: int, stride: list[int], padding: list[int],
                               dilation: list[int], groups: int, x_bound: int) -> None:
@@ -75,3 +80,27 @@ def test_matmul_is_exact() -> None:
     expected = torch.matmul(x.to(torch.int64), w.to(torch.int64)).to(torch.float64)
     assert torch.equal(integer_products.matmul(x, w), expected)
     assert torch.equal(integer_products.matmul(x[0], w[0]), expected[0])
+
+
+@pytest.mark.parametrize("x_bound, rows, taps, digits", [
+    (INT8_CENTRED, 512, 9, 1),  # int8: chunks of 57 rows, no digit
+    (INT16_CENTRED, 512, 9, 2),  # int16: no row fits one chunk; two 8-bit digits leave 57
+    (2 ** 20 - 1, 512, 9, 3),
+    (2 ** 30, 512, 9, None),  # beyond three digits: float64
+])
+def test_the_split_takes_the_fewest_digits(x_bound: int, rows: int, taps: int, digits: int | None) -> None:
+    split = integer_products._plan(float(x_bound), 127.0, rows, taps, chunkable=True)
+    assert (split.digits if split else None) == digits
+    if split is not None:  # and it is exact: every partial sum of a chunk stays below 2**24
+        largest = x_bound if split.digits == 1 else 2 ** split.bits
+        assert split.rows * taps * largest * 127 < 2 ** 24
+
+
+def test_digits_put_the_operand_back_together() -> None:
+    g = torch.Generator().manual_seed(5)
+    x = _codes(g, (1000,), INT16_CENTRED)
+    split = integer_products._plan(float(INT16_CENTRED), 127.0, 512, 9, chunkable=True)
+    digits = integer_products._digits(x, split)
+    assert all(d.abs().max() <= 2 ** split.bits for d in digits)
+    back = sum(d.to(torch.float64) * 2.0 ** (split.bits * j) for j, d in enumerate(digits))
+    assert torch.equal(back, x)

@@ -64,7 +64,9 @@ def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output
     Works in int64: |value| < 2**32 with multiplier < 2**31, and |value| < 2**48
     with multiplier < 2**15, cannot overflow it.
     """
-    v = values.to(torch.int64) - int(input_zp)
+    v = values.to(torch.int64)
+    if input_zp:
+        v = v - int(input_zp)
     pairs = [multiplier_and_shift(float(s), multiplier_bits) for s in scales]
     mult = torch.tensor([m for m, _ in pairs], dtype=torch.int64)
     shift = torch.tensor([s for _, s in pairs], dtype=torch.int64)
@@ -75,9 +77,14 @@ def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output
         shape[channel_axis] = len(pairs)
         mult, shift = mult.reshape(shape), shift.reshape(shape)
     rounding = torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
-    scaled = torch.bitwise_right_shift(v * mult + rounding, shift)  # floor: ties go up
+    # in place on the one product tensor: these run over every activation of a model
+    scaled = v * mult
+    scaled += rounding
+    scaled.bitwise_right_shift_(shift)  # floor: ties go up
+    if output_zp:
+        scaled += int(output_zp)
     info = torch.iinfo(out_dtype)
-    return torch.clamp(scaled + int(output_zp), info.min, info.max).to(out_dtype)
+    return scaled.clamp_(info.min, info.max).to(out_dtype)
 
 
 def average(sums: torch.Tensor, counts: torch.Tensor, output_zp: int, out_dtype: torch.dtype) -> torch.Tensor:

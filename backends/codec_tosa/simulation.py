@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import weakref
 from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -108,14 +109,56 @@ class _Codes:
     qmax: int
     dtype: torch.dtype
 
-    def centred(self) -> torch.Tensor:
-        """``codes - zero_point`` in float64 (exact for 8- and 32-bit codes)."""
-        c = self.codes.to(torch.float64)
+    def centred(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``codes - zero_point``, exactly: in float32 for 8- and 16-bit codes
+        (below 2**17 in magnitude), else in `dtype` (default float64)."""
+        if dtype is None:
+            dtype = torch.float32 if self.codes.dtype in (*_CODE_DTYPES, torch.uint8) else torch.float64
+        c = self.codes.to(dtype)
         if len(self.zero_points) == 1:
-            return c - self.zero_points[0]
+            return c - self.zero_points[0] if self.zero_points[0] else c
         shape = [1] * c.dim()
         shape[self.axis] = len(self.zero_points)  # type: ignore[index]
-        return c - torch.tensor(self.zero_points, dtype=torch.float64).reshape(shape)
+        return c - torch.tensor(self.zero_points, dtype=dtype).reshape(shape)
+
+
+class _Constants:
+    """What the simulation derives from the program's constants (weight and bias
+    codes, their decodes): the same on every input set and every re-simulation, so
+    computed once per materialised program and kept with it (`constants_of`)."""
+
+    def __init__(self, placeholders: frozenset[str]) -> None:
+        self.placeholders = placeholders  # names of the placeholders that are not user inputs
+        self._values: dict[tuple[str, str], tuple[torch.Tensor, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get(self, n: torch.fx.Node, what: str, source: Any, compute: Any) -> Any:
+        """`compute()`, kept when `n` reads a constant placeholder whose tensor is `source`."""
+        src = n.args[0] if n.args else None
+        if not (isinstance(src, torch.fx.Node) and src.op == "placeholder" and src.name in self.placeholders):
+            return compute()
+        hit = self._values.get((n.name, what))
+        if hit is not None and hit[0] is source:  # the same tensor object: the same values
+            return hit[1]
+        value = compute()
+        self._values[(n.name, what)] = (source, value)
+        return value
+
+
+_CONSTANTS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, _Constants]" = weakref.WeakKeyDictionary()
+
+
+def constants_of(program: Any) -> _Constants:
+    """The constants cache of a materialised ExportedProgram (made on first use)."""
+    from torch.export.graph_signature import InputKind
+
+    gm = program.graph_module
+    if gm not in _CONSTANTS:
+        _CONSTANTS[gm] = _Constants(frozenset(spec.arg.name for spec in program.graph_signature.input_specs
+                                              if spec.kind != InputKind.USER_INPUT))
+    return _CONSTANTS[gm]
 
 
 @dataclass(frozen=True)
@@ -149,9 +192,11 @@ class IntegerSimulator(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule,
                  flips: Mapping[str, Sequence[AmbiguousCode]] | None = None,
                  fp32_delegated: bool = True, find_ambiguous: bool = True,
-                 keep_values: bool = False) -> None:
+                 keep_values: bool = False, constants: _Constants | None = None) -> None:
         # keep_values: every node's value stays in `env` after `run`, for `rerun`
         super().__init__(gm, garbage_collect_values=not keep_values)
+        # constants: `constants_of` the program, to reuse across runs (None: nothing kept)
+        self.constants = constants if constants is not None else _Constants(frozenset())
         # False at integer-only policies: an FP32 layer norm then runs on the
         # CPU (ExecuTorch's kernel), not as Arm's TOSA decomposition
         self.fp32_delegated = fp32_delegated
@@ -265,14 +310,8 @@ class IntegerSimulator(torch.fx.Interpreter):
 
     # ---- codecs ------------------------------------------------------------
     def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor:
-        out = super().run_node(n)  # the decode: quantized_decomposed semantics
-        if out.dtype in _REDUCED_FLOATS and n.users and all(_lowered_on_codes(u) for u in n.users):
-            # an FP16 program's decode into operators Arm lowers on codes: Arm computes
-            # their TABLEs and RESCALEs from FP32 decodes (QuantArgs.dequantize_value),
-            # never in FP16 (exp's table a code off on Arm's rand_fp16 case)
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            out = n.target(*args, **{**kwargs, "out_dtype": torch.float32})
         codes = self.env[n.args[0]] if isinstance(n.args[0], torch.fx.Node) else n.args[0]
+        out = self.constants.get(n, "decoded", codes, lambda: self._decoded(n))
         if key == _DQ:
             _, scale, zp, qmin, qmax, dtype = _args(n, self)[:6]  # then out_dtype (FP16 programs)
             self.codes[n] = _Codes(codes, (float(scale),), (int(zp),), None, int(qmin), int(qmax), dtype)
@@ -281,6 +320,16 @@ class IntegerSimulator(torch.fx.Interpreter):
             self.codes[n] = _Codes(codes, tuple(float(s) for s in scales.tolist()),
                                    tuple(int(z) for z in zps.tolist()), int(axis), int(qmin), int(qmax),
                                    dtype)
+        return out
+
+    def _decoded(self, n: torch.fx.Node) -> torch.Tensor:
+        out = super().run_node(n)  # the decode: quantized_decomposed semantics
+        if out.dtype in _REDUCED_FLOATS and n.users and all(_lowered_on_codes(u) for u in n.users):
+            # an FP16 program's decode into operators Arm lowers on codes: Arm computes
+            # their TABLEs and RESCALEs from FP32 decodes (QuantArgs.dequantize_value),
+            # never in FP16 (exp's table a code off on Arm's rand_fp16 case)
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            out = n.target(*args, **{**kwargs, "out_dtype": torch.float32})
         return out
 
     def _quantize_on_codes(self, n: torch.fx.Node) -> torch.Tensor | None:
@@ -514,7 +563,8 @@ class IntegerSimulator(torch.fx.Interpreter):
         if w.axis not in (None, 0):
             return None  # per output channel is axis 0 of a conv / linear weight
         args = _args(n, self)
-        xs, ws = x.centred(), w.centred()
+        xs = x.centred()
+        ws = self.constants.get(operands[1], "centred", w.codes, w.centred)
         if key == _CONV:
             _, _, _, stride, padding, dilation, transposed, out_pad, groups = args
             if transposed:
@@ -527,12 +577,12 @@ class IntegerSimulator(torch.fx.Interpreter):
         else:
             acc = integer_products.matmul(xs, ws)
             axis = acc.dim() - 1
-        # exact integers (integer_products); rounding only removes representation noise
-        values = torch.round(acc).to(torch.int64)
+        values = acc.to(torch.int64)  # exact integers (integer_products)
         if bias is not None:
             shape = [1] * values.dim()
             shape[axis] = -1
-            values = values + torch.round(bias.centred()).to(torch.int64).reshape(shape)
+            values += self.constants.get(operands[2], "centred", bias.codes,
+                                         lambda: bias.centred(torch.int64)).reshape(shape)
         self.stats.integer_ops.append(n.name)
         # int16 x int8 products accumulate in int48 (TOSA's CONV2D at int16)
         return _Accumulator(values, x.scales[0], w.scales, axis, wide=x.dtype == torch.int16)
@@ -760,6 +810,7 @@ class Envelope:
 def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
          keep_values: bool = False) -> tuple[list[torch.Tensor], IntegerSimulator]:
     runner = IntegerSimulator(sim.graph_module, fp32_delegated=not planned.spec.integer_only,
+                              constants=constants_of(sim),
                               keep_values=keep_values)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
@@ -769,6 +820,7 @@ def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
 def _rerun(planned: PlannedProgram, sim: Any, base: IntegerSimulator,
            flips: Mapping[str, Sequence[AmbiguousCode]]) -> list[torch.Tensor]:
     runner = IntegerSimulator(sim.graph_module, flips, fp32_delegated=not planned.spec.integer_only,
+                              constants=constants_of(sim),
                               find_ambiguous=False)
     with torch.no_grad():
         out = runner.rerun(base)

@@ -183,6 +183,28 @@ def test_simulation_matches_reference_model(name, seed, policy):
     assert worst == 0.0, f"{name} seed {seed} at {policy}: {worst} steps"
 
 
+def test_constants_are_derived_once_and_change_nothing() -> None:
+    """The weights' decodes and centred codes are kept with the materialised program
+    and reused on later input sets: the outputs equal a simulator that keeps nothing."""
+    from codec_tosa.calibration import lifted_args
+    from codec_tosa.simulation import IntegerSimulator, constants_of
+
+    _, example, shape, lowered = _lowered("resnet", 2, "W")
+    planned = lowered.planned
+    sim = planned.materialized()
+    gen = torch.Generator().manual_seed(20_000)
+    first, second = (torch.randn(shape, generator=gen),), (torch.randn(shape, generator=gen),)
+    simulate_with_stats(planned, first)
+    kept = len(constants_of(sim))
+    assert kept > 0  # every convolution's weight decode and centred codes
+    cached, stats = simulate_with_stats(planned, second)
+    assert len(constants_of(sim)) == kept  # nothing derived again
+    with torch.no_grad():
+        fresh = IntegerSimulator(sim.graph_module).run(*lifted_args(sim, second))
+    fresh = fresh[0] if isinstance(fresh, (tuple, list)) else fresh
+    assert stats.integer_ops and torch.equal(cached[0], fresh)
+
+
 def test_multiplier_and_shift_match_arm():
     """The RESCALE constants are the ones Arm serialises (pins executorch 1.5.1)."""
     from executorch.backends.arm.operators.op_tosa_rescale import _compute_multiplier_and_shift

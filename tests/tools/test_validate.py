@@ -208,3 +208,25 @@ def test_an_infinity_the_approximation_misses_is_named_not_a_domain_error() -> N
     assert sqnr_db(eager, eager.copy()) == np.inf  # inf agrees with itself
     (w,) = sqnr_warnings([InputSet("example", [], [eager], [saturated])])
     assert "infinities or NaNs" in w and "cannot hold them" in w
+
+
+def test_the_reference_stage_keeps_to_its_time_budget(tmp_path, monkeypatch) -> None:
+    """compile without --samples stops drawing held-out sets at its budget (here none:
+    the minimum), keeps the ones it took exactly as an unbudgeted compile does, and
+    report.json and validate say how many of how many."""
+    from codec_tosa.tools.compiler import compile_module
+    from codec_tosa.tools.samples import MIN_SAMPLES
+
+    monkeypatch.setattr("codec_tosa.tools.compiler.reference_budget", lambda other_s: 0.0)
+    budgeted = compile_module("small", _build(), CodecSpec("W"), tmp_path / "budget", progress=False)
+    assert budgeted.report["held_out"] == {"asked": DEFAULT_SAMPLES, "stored": MIN_SAMPLES, "budget_s": 0.0}
+    full = compile_module("small", _build(), CodecSpec("W"), tmp_path / "all", progress=False,
+                          samples=DEFAULT_SAMPLES)
+    assert full.report["held_out"] == {"asked": DEFAULT_SAMPLES, "stored": DEFAULT_SAMPLES}
+    a, b = np.load(tmp_path / "budget" / "reference_io.npz"), np.load(tmp_path / "all" / "reference_io.npz")
+    for key in ("sample_input_0", "sample_eager_0", "sample_simulated_0", "sample_planned_0"):
+        np.testing.assert_array_equal(a[key], b[key][:MIN_SAMPLES])
+    v = validate(tmp_path / "budget" / "model.pte")
+    assert v.cases == 1 + MIN_SAMPLES and v.verdict is Verdict.PASS
+    assert any(f"compile stored {MIN_SAMPLES} of {DEFAULT_SAMPLES} held-out samples" in n for n in v.notes)
+    assert not any("held-out samples, as many as" in n for n in validate(tmp_path / "all" / "model.pte").notes)

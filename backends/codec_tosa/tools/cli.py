@@ -115,7 +115,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from codec_tosa.tools.compiler import compile_model
 
     result = compile_model(args.model, _spec(args), args.out,
-                           samples=getattr(args, "samples", DEFAULT_SAMPLES),
+                           samples=getattr(args, "samples", None),
                            on_stage=lambda name: _STAGE.__setitem__("compile", name))
     extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
@@ -165,7 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== codec-tosa compile {DEFAULT_MODEL} --policy W -o {out}")
     cmd_compile(argparse.Namespace(model=DEFAULT_MODEL, policy="W", placement="nonlocal+coalesce",
                                    tosa=None, fused_transcode=False, no_pool=False, table=None, out=out,
-                                   target="tosa", symmetric_activations=False, samples=DEFAULT_SAMPLES))
+                                   target="tosa", symmetric_activations=False, samples=None))
     print(f"\n== codec-tosa validate {out / 'model.pte'}")
     status = cmd_validate(argparse.Namespace(pte=str(out / "model.pte"), inputs=None, model=None,
                                              samples=None))
@@ -229,9 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --precision auto or --weights auto: the SQNR floor against FP32, e.g. 30dB")
     c.add_argument("--int16-domains", type=_domains,
                    help="these domain ids at int16, the rest int8 (ids as report.json lists them)")
-    c.add_argument("--samples", type=_count, default=DEFAULT_SAMPLES,
+    c.add_argument("--samples", type=_count, default=None,
                    help="seeded held-out inputs stored with their eager and simulated outputs for validate "
-                        "(0: no simulation; validate then compares with eager by SQNR only)")
+                        f"(default: up to {DEFAULT_SAMPLES}, as many as keep this stage within a quarter of "
+                        "the compile, at least 4; 0: no simulation, validate then compares with eager by "
+                        "SQNR only)")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 

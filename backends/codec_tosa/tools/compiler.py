@@ -24,7 +24,8 @@ from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.tools.reference_io import Reference, ReferenceIO, reference_outputs
-from codec_tosa.tools.samples import DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs
+from codec_tosa.tools.samples import (DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs,
+                                      reference_budget)
 from codec_tosa.units import MIB
 
 # the bar's steps; a lowering reports its delegates as "TOSA lowering: delegate k"
@@ -285,7 +286,7 @@ def _vela_error_line(log: str) -> str:
 
 
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
-                  progress: bool = True, samples: int = DEFAULT_SAMPLES,
+                  progress: bool = True, samples: int | None = None,
                   on_stage: Callable[[str], None] | None = None) -> CompileResult:
     """`compile_module` of a built-in model name or ``path/to/file.py:function``."""
     return compile_module(model, None, spec, out_dir, calibration_size, progress, samples, on_stage)
@@ -293,14 +294,16 @@ def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_
 
 def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] | None, spec: CodecSpec,
                    out_dir: str | Path, calibration_size: int = 4, progress: bool = True,
-                   samples: int = DEFAULT_SAMPLES,
+                   samples: int | None = None,
                    on_stage: Callable[[str], None] | None = None) -> CompileResult:
     """Export `module` (model, example inputs; None: build `model`), partition
     (placement + calibration), lower and serialise; write the artefacts.
 
     reference_io.npz holds the example input and `samples` seeded held-out
     inputs (`tools.samples`) with their eager and simulated outputs, for
-    `validate` (docs/DESIGN.md, "Validation"). `on_stage` is called with each
+    `validate` (docs/DESIGN.md, "Validation"); `samples` None: up to
+    DEFAULT_SAMPLES, as many as keep the reference stage within REFERENCE_SHARE
+    of the compile (at least MIN_SAMPLES). `on_stage` is called with each
     stage as it starts (export, the lowering's stages, reference outputs);
     `progress` shows them on a bar.
 
@@ -337,7 +340,9 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
 
         stage("reference outputs")
-        held_out = held_out_inputs(loaded.inputs, samples)
+        held_out = held_out_inputs(loaded.inputs, DEFAULT_SAMPLES if samples is None else samples)
+        budget = (reference_budget(times["export_s"] + times["lowering_s"] + times["serialisation_s"])
+                  if samples is None else None)
         t = time.perf_counter()
         # the outputs as the lowered program returns them (Arm's hooks may add an
         # input the model mutates in place to them)
@@ -345,7 +350,8 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         # XNNPACK requantizes in its own fixed point: the plan's simulation is not its
         # oracle, so its artefact is held to eager by SQNR (docs/DESIGN.md, "XNNPACK")
         ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
-                                program.graph_signature, simulated=samples > 0 and spec.target != "xnnpack")
+                                program.graph_signature, simulated=samples != 0 and spec.target != "xnnpack",
+                                budget_s=budget)
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()
@@ -379,6 +385,8 @@ def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgra
                              "codec_items_m": tr.codec_items / 1e6,
                              "domains": len(planned.placement.plan.domains),
                              "codecs": len(planned.placement.plan.codecs)}
+    if ref.held_out:
+        report["held_out"] = ref.held_out
     if ref.ambiguous is not None:
         report["ambiguous_codes"] = ref.ambiguous
     return report

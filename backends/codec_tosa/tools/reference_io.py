@@ -20,6 +20,7 @@ and per output its quantisation step and its rounding sensitivity.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -32,6 +33,7 @@ from codec_tosa.pytrees import leaves, tensor_leaves
 from codec_tosa.simulation import Envelope, run_planned, simulate, simulate_envelope
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.metrics import sqnr_db, sqnr_warning
+from codec_tosa.tools.samples import MIN_SAMPLES
 
 FILE = "reference_io.npz"
 _ROLES = ("eager", "simulated", "planned", "allowance")
@@ -141,6 +143,8 @@ class Reference:
     io: ReferenceIO
     ambiguous: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
+    # report.json's account of the held-out inputs: asked for, stored, and the budget
+    held_out: dict[str, Any] = field(default_factory=dict)
 
 
 def program_outputs(module: Callable[..., Any], inputs: Sequence[Any], signature: Any = None) -> list[torch.Tensor]:
@@ -176,39 +180,54 @@ def _cloned(x: Any) -> Any:
 
 def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any], inputs: Sequence[Any],
                       held_out: Sequence[Sequence[Any]], spec: CodecSpec, signature: Any = None,
-                      simulated: bool = True) -> Reference:
+                      simulated: bool = True, budget_s: float | None = None) -> Reference:
     """The reference stage: eager, planned and simulated outputs of the example and
     the held-out inputs, with the allowance of the ambiguous codes. `planned` None:
     nothing was planned (the program is the model). `simulated` False skips the
     plan's outputs altogether (`compile --samples 0`): validate can then compare
-    the artefact with eager by SQNR only, and says so."""
+    the artefact with eager by SQNR only, and says so.
+
+    `budget_s`: the stage's time budget. The held-out inputs are taken in order,
+    at least `MIN_SAMPLES` of them, and the next one only while the time per input
+    set so far says it ends within the budget (None: all of them)."""
     cases = [tuple(inputs), *(tuple(x) for x in held_out)]
-    eager = [program_outputs(module, x, signature) for x in cases]
-    sets = [InputSet("example" if k == 0 else f"sample {k - 1}", leaves(x), [_numpy(t) for t in e])
-            for k, (x, e) in enumerate(zip(cases, eager))]
+    plan = simulated and planned is not None
+    sets: list[InputSet] = []
     envelopes: list[Envelope] = []
-    if simulated and planned is not None:
-        for s, x in zip(sets, cases):
+    start = time.perf_counter()
+    for k, x in enumerate(cases):
+        elapsed = time.perf_counter() - start
+        # k sets done so far; one more takes about elapsed / k, the sensitivity run a set's third
+        if budget_s is not None and k > MIN_SAMPLES and elapsed * (k + 4 / 3) / k > budget_s:
+            break
+        eager = program_outputs(module, x, signature)
+        if k == 0:
+            example_eager = eager  # the fallback output steps are the example's
+        s = InputSet("example" if k == 0 else f"sample {k - 1}", leaves(x), [_numpy(t) for t in eager])
+        if plan:
+            assert planned is not None
             s.planned = [_numpy(t) for t in run_planned(planned, x)]
-        if spec.reference:
-            for s in sets:
+            if spec.reference:
                 s.simulated = [_numpy(t) for t in simulate(planned, s.inputs)]
-        else:
-            envelopes = [simulate_envelope(planned, x) for x in cases]
-            for s, e in zip(sets, envelopes):
+            else:
+                e = simulate_envelope(planned, x)
+                envelopes.append(e)
                 s.simulated = [_numpy(t) for t in e.outputs]
                 s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
-                if any(env.ambiguous for env in envelopes):
-                    s.allowance = [_numpy(a) for a in e.allowance]
-    elif simulated:
-        for s in sets:
+        elif simulated:
             s.simulated = s.eager
-    fallback = fp32_steps(eager[0])
+        sets.append(s)
+    if any(env.ambiguous for env in envelopes):
+        for s, e in zip(sets, envelopes):
+            s.allowance = [_numpy(a) for a in e.allowance]
+    fallback = fp32_steps(example_eager)
     steps = planned.output_steps(fallback) if planned is not None else fallback
     sensitivity = (rounding_sensitivity(planned, cases[0], sets[0].simulated)
-                   if simulated and planned is not None and not spec.reference else None)
+                   if plan and planned is not None and not spec.reference else None)
     io = ReferenceIO(sets, steps, sensitivity)
-    return Reference(io, envelope_summary(envelopes) if envelopes else None, sqnr_warnings(sets))
+    held = {"asked": len(held_out), "stored": len(sets) - 1,
+            **({"budget_s": round(budget_s, 3)} if budget_s is not None else {})}
+    return Reference(io, envelope_summary(envelopes) if envelopes else None, sqnr_warnings(sets), held)
 
 
 def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:

@@ -16,10 +16,22 @@ from codec_tosa.runtime.pte import TensorSpec
 
 HELD_OUT_SEED = 7_919  # any seed but calibration's 0
 DEFAULT_SAMPLES = 16
+# `compile` without --samples stores up to DEFAULT_SAMPLES held-out inputs: as many
+# as keep its reference stage within REFERENCE_SHARE of the compile, and never fewer
+# than MIN_SAMPLES (on a big model each input set is three runs of it: eager, the
+# planned program and the simulation, issue 27)
+REFERENCE_SHARE = 0.25
+MIN_SAMPLES = 4
 # the precision search scores widths on the calibration inputs and this many more,
 # drawn from a third seed: neither calibration's nor validation's
 SEARCH_SEED = 104_729
 SEARCH_SAMPLES = 8
+
+
+def reference_budget(other_s: float) -> float:
+    """Seconds the reference stage may take to be REFERENCE_SHARE of a compile
+    whose other stages took `other_s`."""
+    return other_s * REFERENCE_SHARE / (1.0 - REFERENCE_SHARE)
 
 
 def held_out_inputs(example: Sequence[Any], n: int, seed: int = HELD_OUT_SEED) -> list[tuple[Any, ...]]:

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -498,17 +498,32 @@ def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Target:
     return Target(kind, backend_id, by_index, spec.get("policy", "?"), bool(spec.get("reference")), notes)
 
 
-def _report_spec(pte: str | Path) -> dict[str, object]:
-    """The spec compile or codec_tosa.save recorded in report.json (a stock delegate
-    carries no provenance of ours)."""
+def _report_entry(pte: str | Path, key: str) -> dict[str, Any]:
+    """An entry of the report.json beside the .pte ({} without one: a stock
+    delegate carries no provenance of ours)."""
     import json
 
     path = Path(pte).with_name(REPORT)
     try:
-        spec = json.loads(path.read_text()).get("spec", {}) if path.is_file() else {}
+        entry = json.loads(path.read_text()).get(key, {}) if path.is_file() else {}
     except (OSError, ValueError):
         return {}
-    return spec if isinstance(spec, dict) else {}
+    return entry if isinstance(entry, dict) else {}
+
+
+def _report_spec(pte: str | Path) -> dict[str, Any]:
+    """The spec compile or codec_tosa.save recorded in report.json."""
+    return _report_entry(pte, "spec")
+
+
+def _budget_note(pte: str | Path) -> list[str]:
+    """Why reference_io.npz holds fewer held-out samples than compile drew, if it does."""
+    held = _report_entry(pte, "held_out")
+    stored, asked = held.get("stored"), held.get("asked")
+    if "budget_s" not in held or not isinstance(stored, int) or not isinstance(asked, int) or stored >= asked:
+        return []
+    return [f"compile stored {stored} of {asked} held-out samples, as many as its time budget allowed "
+            f"({held['budget_s']:.0f} s, a quarter of the compile); compile --samples {asked} stores them all"]
 
 
 def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None, inputs: list[torch.Tensor] | None,
@@ -537,7 +552,7 @@ def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None, 
         except (OSError, ValueError, KeyError) as e:
             raise ValidationError(f"{io_path}: not a reference_io.npz compile or codec_tosa.save wrote: {e}") \
                 from None
-        return ref.sets, ref, notes + more
+        return ref.sets, ref, notes + more + (_budget_note(pte) if samples is None else [])
     try:
         drawn = inputs_for_specs(info.input_specs, DEFAULT_SAMPLES if samples is None else samples)
     except ValueError as e:
