@@ -65,8 +65,11 @@ class DomainObserver(ObserverBase):
 
     def __init__(self, dtype: torch.dtype = torch.int8, observer: str = MINMAX, symmetric: bool = False,
                  clip: tuple[float, float] | None = None, label: str = "", bits: int = 8,
-                 **_: Any) -> None:
+                 graph_input: str | None = None, **_: Any) -> None:
         super().__init__(dtype=dtype)
+        # the program input this observer sits on: ExecuTorch's quantize kernel encodes
+        # it on the CPU, and has no defined code for +inf or NaN (`_check_encodable`)
+        self.graph_input = graph_input
         if observer not in (MINMAX, HISTOGRAM):
             raise ValueError(f"unknown observer {observer!r}")
         self.observer = observer
@@ -102,6 +105,8 @@ class DomainObserver(ObserverBase):
         if self.fake:
             t = self.theta()
             return torch.fake_quantize_per_tensor_affine(x, t.scale, t.zero_point, t.qmin, t.qmax)
+        if self.graph_input is not None:
+            self._check_encodable(x)
         seen = finite_values(x)
         if seen is None:
             self.only_nonfinite |= x.numel() > 0
@@ -114,6 +119,17 @@ class DomainObserver(ObserverBase):
         if self.histogram is not None:
             self.histogram(seen)
         return x
+
+    def _check_encodable(self, x: torch.Tensor) -> None:
+        """Refuse +inf and NaN at a program input: ExecuTorch's quantize kernel casts
+        ``round(x / scale)`` to int32 before clamping, which for them is undefined
+        (x86 gives INT32_MIN, so +inf becomes the lowest code); -inf saturates there
+        correctly."""
+        if x.is_floating_point() and bool((torch.isnan(x) | (x == math.inf)).any()):
+            raise ValueError(f"program input {self.graph_input}: the calibration data holds +inf or NaN, which "
+                             "ExecuTorch's quantize kernel has no code for at an integer policy (it encodes "
+                             "program inputs on the CPU); calibrate on finite inputs, or use a mixed policy "
+                             "such as --policy W")
 
     def theta(self) -> Theta:
         """The codec's parameters for what was observed."""

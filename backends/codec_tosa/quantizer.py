@@ -101,6 +101,12 @@ from codec_tosa.precision import (
 from codec_tosa.spec import AUTO, CodecSpec
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
+
+
+def _program_input(where: EdgeOrNode) -> str | None:
+    """The name of the program input an observer at `where` sees, or None."""
+    node = where[0] if isinstance(where, tuple) else where
+    return str(node.target) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 _Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
 
 _QMIN, _QMAX = -128, 127
@@ -594,7 +600,7 @@ class _Annotator:
         bits = self.bits.get(d, BITS8)
         observer = DomainObserver.with_args(
             observer=self.spec.observer, symmetric=symmetric, clip=self._clip(domain), bits=bits,
-            label=f"{d} (dominator {' + '.join(domain.dominators)})")
+            label=f"{d} (dominator {' + '.join(domain.dominators)})", graph_input=_program_input(root))
         if bits == BITS16:
             return QuantizationSpec(dtype=torch.int16, observer_or_fake_quant_ctr=observer, quant_min=QMIN16,
                                     quant_max=QMAX16, qscheme=torch.per_tensor_symmetric)

@@ -30,6 +30,7 @@ This module holds the facts the simulation needs to find those codes:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -92,6 +93,28 @@ def _cosh(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, torch.zeros_like(out)
 
 
+def _atan(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # DecomposeAtanPass: a (2,1) Pade approximation on [0, 1], 1e-4 from torch's atan
+    # (about 1,400 ulps at x = 1), with atan(x) = pi/2 - atan(1/x) above 1, odd
+    abs_x = x.abs()
+    above = abs_x > 1.0
+    z = torch.where(above, torch.reciprocal(abs_x), abs_x)
+    z2 = z * z
+    z4 = z2 * z2
+    num = (z2 * _f32(0.3529666667) + 1.0) + z4 * _f32(-0.0287666667)
+    den = z2 * _f32(0.6863) + 1.0
+    atan_z = z * (num * torch.reciprocal(den))
+    half_pi = x * 0.0 + _f32(math.pi / 2)
+    atan_abs = torch.where(above, half_pi - atan_z, atan_z)
+    out = torch.where(x > 0.0, atan_abs, -atan_abs)
+    return out, torch.zeros_like(out)
+
+
+def _f32(value: float) -> torch.Tensor:
+    """A Python float as Arm passes it to the TOSA graph: a float32 constant."""
+    return torch.tensor(value, dtype=torch.float32)
+
+
 # FP32 operators Arm's passes rewrite into others (executorch 1.5.1), where the
 # artefact's result differs from PyTorch's by more than FP32_EPS of the output:
 # each gives the output computed step by step in float32 as Arm's pass builds it
@@ -99,7 +122,7 @@ def _cosh(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # and, per element, what the steps' rounding is relative to besides |output|
 FP32_DECOMPOSITIONS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
     "aten.asinh.default": _asinh, "aten.acosh.default": _acosh,
-    "aten.sinh.default": _sinh, "aten.cosh.default": _cosh,
+    "aten.sinh.default": _sinh, "aten.cosh.default": _cosh, "aten.atan.default": _atan,
 }
 
 

@@ -94,17 +94,19 @@ class ReferenceIO:
         notes: list[str] = []
         n_in = _count(io, "input")
 
+        def sample(key: str, s: int | None) -> np.ndarray:
+            # an array even for a rank-0 tensor (indexing a stack of them gives a NumPy scalar)
+            return io[key] if s is None else np.asarray(io[f"sample_{key}"][s])
+
         def role(name: str, s: int | None) -> list[np.ndarray] | None:
-            key = name if s is None else f"sample_{name}"
-            n = _count(io, key)
-            return [io[f"{key}_{i}"] if s is None else io[f"{key}_{i}"][s] for i in range(n)] if n else None
+            n = _count(io, name if s is None else f"sample_{name}")
+            return [sample(f"{name}_{i}", s) for i in range(n)] if n else None
 
         ambiguous = io.get("ambiguous_codes")
         complete = io.get("envelope_complete")
 
         def input_set(label: str, case: int, s: int | None) -> InputSet:
-            inputs = [torch.from_numpy(io[f"input_{i}"] if s is None else io[f"sample_input_{i}"][s])
-                      for i in range(n_in)]
+            inputs = [torch.from_numpy(sample(f"input_{i}", s)) for i in range(n_in)]
             return InputSet(label, inputs, role("eager", s), role("simulated", s), role("planned", s),
                             role("allowance", s),
                             int(ambiguous[case]) if ambiguous is not None else 0,
