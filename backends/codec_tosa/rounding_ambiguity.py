@@ -40,6 +40,7 @@ ULP = 2.0 ** -23
 # about 4x the worst disagreement benchmarks/fp32_error.py measured (4.2 ulps of kappa * max|eager|)
 FP32_EPS = 16 * ULP
 _LAYER_NORMS = frozenset({"aten.native_layer_norm.default", "aten.layer_norm.default"})
+_GROUP_NORM = "aten.native_group_norm.default"
 
 # computed by the artefact exactly as by eager PyTorch, given the same inputs
 _SELECTIONS = frozenset({
@@ -168,6 +169,8 @@ def error_bound(key: str, out: Any, operands: Sequence[tuple[Any, float]],
     rel_in = sum(b / m for (v, b) in operands if b for m in [_max_abs(v)] if m > 0)
     kappa = layer_norm_condition(operands) if key in _LAYER_NORMS else 1.0
     own = _max_abs(out) if magnitude is None else magnitude
+    if key == _GROUP_NORM and magnitude is None:
+        own = max(own, group_norm_magnitude(operands, out))
     return FP32_EPS * kappa * own + rel_in * _max_abs(out)
 
 
@@ -181,6 +184,21 @@ def layer_norm_condition(operands: Sequence[tuple[Any, float]]) -> float:
     x = x.detach().to(torch.float64)
     spread = float((x - x.mean(dim=dims, keepdim=True)).abs().max())
     return max(1.0, float(x.abs().max()) / spread) if spread > 0 else 1.0
+
+
+def group_norm_magnitude(operands: Sequence[tuple[Any, float]], out: Any) -> float:
+    """max|x| * max rstd * max(1, |weight|): what the rounding of a group norm's
+    mean is relative to before (x - mean) cancels. Unlike a layer norm's kappa it
+    stays finite where a group is constant (x - mean is 0, the output pure FP32
+    noise: Arm's GroupNorm(6, 6) on [4, 6] cases); the weight is the first tensor
+    operand after x, or 1 (a bias taken for it only widens the bound)."""
+    if not isinstance(out, (tuple, list)) or len(out) < 3 or not operands:
+        return 0.0
+    x, rstd = operands[0][0], out[2]
+    if not isinstance(x, torch.Tensor) or not isinstance(rstd, torch.Tensor) or not x.numel():
+        return 0.0
+    w = next((v for v, _ in operands[1:3] if isinstance(v, torch.Tensor)), None)
+    return _max_abs(x) * _max_abs(rstd) * max(1.0, _max_abs(w) if w is not None else 1.0)
 
 
 @dataclass(frozen=True)
@@ -219,4 +237,5 @@ def ambiguous_codes(node: str, x: torch.Tensor, codes: torch.Tensor, bound: floa
 
 
 __all__ = ["AmbiguousCode", "EXACT_OPERATORS", "FP32_DECOMPOSITIONS", "FP32_EPS", "ambiguous_codes", "error_bound",
+           "group_norm_magnitude",
            "first_float_tensor"]

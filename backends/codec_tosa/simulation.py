@@ -638,7 +638,10 @@ class IntegerSimulator(torch.fx.Interpreter):
             keepdim = bool(rest[0]) if rest else False
             h = held[0]
             assert h is not None
-            values, out_scale = int32(h, h.scales[0], operands[0]).sum(dim=list(dims), keepdim=keepdim), scales[0]
+            x = int32(h, h.scales[0], operands[0])
+            # sum.dim_IntList with dim None (x.sum(dim=None)) reduces every dimension
+            every = list(range(x.dim())) if dims is None else list(dims)
+            values, out_scale = x.sum(dim=every, keepdim=keepdim), scales[0]
         self.stats.integer_ops.append(n.name)
         return _Accumulator(values, out_scale, (1.0,), 0)
 
@@ -762,13 +765,18 @@ def _is_quantize(n: torch.fx.Node) -> bool:
             and len(n.args) > 5 and n.args[5] in _CODE_DTYPES)
 
 
-def run_planned(planned: PlannedProgram, inputs: Sequence[Any]) -> list[torch.Tensor]:
+def run_planned(planned: PlannedProgram, inputs: Sequence[Any],
+                dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """The program as planned, in FP32, before any codec: the structural oracle
-    validate holds to eager (tools/reference_io)."""
+    validate holds to eager (tools/reference_io). `dtype` float64 runs it with
+    every FP32 input and constant widened (its FP32 rounding's yardstick)."""
     program = planned.program
     assert program is not None
+    args = lifted_args(program, inputs)
+    if dtype != torch.float32:
+        args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     with torch.no_grad():
-        out = torch.fx.Interpreter(program.graph_module).run(*lifted_args(program, inputs))
+        out = torch.fx.Interpreter(program.graph_module).run(*args)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
@@ -800,6 +808,9 @@ class Envelope:
     allowance: list[torch.Tensor]
     ambiguous: list[AmbiguousCode]
     resimulations: int
+    # per output, the bound on |artefact - simulation| its FP32 operators carry to
+    # it (`rounding_ambiguity.error_bound`; 0 for an output the codes determine)
+    output_bounds: list[float] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -856,7 +867,9 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
             summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
         runs = 1 + len(singles)
         allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
-    return Envelope(base, allowance, ambiguous, runs)
+    returned = _outputs(sim.graph_module.graph.output_node().args[0])
+    bounds = [runner.bounds.get(n, 0.0) if isinstance(n, torch.fx.Node) else 0.0 for n in returned]
+    return Envelope(base, allowance, ambiguous, runs, bounds)
 
 
 def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

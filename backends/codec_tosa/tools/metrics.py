@@ -27,6 +27,11 @@ def differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(same, 0.0, np.where(np.isnan(d), math.inf, d))
 
 
+# FP32 against FP32 in another order (policy Z, the planned program against eager):
+# relative to the output's largest finite magnitude
+Z_RTOL = 1e-4
+
+
 def max_difference(a: np.ndarray, b: np.ndarray) -> float:
     """The largest of `differences` (0 for empty tensors)."""
     return float(differences(a, b).max()) if np.size(a) else 0.0
@@ -63,4 +68,4 @@ def sqnr_warning(index: int, db: float, what: str) -> str | None:
             "floor: the output is mostly quantisation noise (a degenerate range or calibration?)")
 
 
-__all__ = ["SQNR_FLOOR_DB", "differences", "finite_span", "max_difference", "sqnr_db", "sqnr_warning"]
+__all__ = ["SQNR_FLOOR_DB", "Z_RTOL", "differences", "finite_span", "max_difference", "sqnr_db", "sqnr_warning"]
