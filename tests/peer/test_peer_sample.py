@@ -144,3 +144,37 @@ def test_an_output_that_is_fp32_noise_passes_at_w_and_i() -> None:
     for policy in ("W", "I"):
         record = isolated(run_policy, (case, policy), 300.0, failed_record)
         assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"
+
+
+# Arm's TOSA lowering fails on a rank-0 shape (amax of a vector; stock INT8 and FP fail
+# the same way). The line named a bare StopIteration, the ExecuTorch verifier's cause of
+# its InternalError; it now names the node, the model line it came from, in one line
+def test_a_library_failure_names_the_node_and_the_model_line() -> None:
+    stock = json.loads(BASELINE.read_text())["cases"]["test_amax:Amax:rank_1_dim_0"]
+    assert not stock["fp"].get("delegated") and not stock["int"].get("delegated"), stock
+    (case,) = [c for c in collect_cases() if c.id == "test_amax:Amax:rank_1_dim_0"]
+    record = isolated(run_policy, (case, "W"), 300.0, failed_record)
+    line = record.get("line", "")
+    assert record.get("verdict") == "library" and "\n" not in line, record
+    assert "InternalError: While executing %tosa_const_shape" in line, line
+    assert line.endswith("from the model's test_amax.py:40: return torch.amax(x, self.dim, self.keep_dims)"), line
+
+
+def test_a_library_failure_without_a_traced_node_is_its_first_line() -> None:
+    (case,) = [c for c in collect_cases() if c.id == "test_rshift:RshiftTensor:randint_0_127_int32"]
+    record = isolated(run_policy, (case, "W"), 300.0, failed_record)
+    assert record.get("verdict") == "library", record
+    assert record["line"].startswith("ExecuTorch failed during export: SpecViolationError: Operator "
+                                     "torch._ops.aten.bitwise_right_shift.Tensor is not in Core ATen opset"), record
+
+
+# Found by the whole suite: a lone batch norm with affine=False (no weight) at W, which
+# stock FP delegates. BatchNormConvolutionsPass put its convolution's weight placeholder
+# after the user input, which ExecuTorch refuses ("Const placeholder nodes must be
+# inserted before user input nodes"); the message came from ExecuTorch, so the line
+# blamed it. Now the placeholder goes first, and both policies PASS
+def test_a_batch_norm_without_weight_passes_at_w_and_i() -> None:
+    (case,) = [c for c in collect_cases() if c.id == "test_batch_norm:BatchNorm2d:c32_112x112_no_affine"]
+    for policy in ("W", "I"):
+        record = isolated(run_policy, (case, policy), 300.0, failed_record)
+        assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"

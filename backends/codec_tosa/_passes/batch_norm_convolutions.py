@@ -51,7 +51,10 @@ class BatchNormConvolutionsPass(CodecPass):
             if val.dim() not in (3, 4):
                 continue  # Arm's transparent convolution is 1-D or 2-D; other ranks are Arm's to refuse
             spatial = val.dim() - 2
-            with graph.inserting_before(bn.args[1] if isinstance(bn.args[1], torch.fx.Node) else bn):
+            # a constant placeholder goes before every user input: beside the batch
+            # norm's weight, or first of all where it has none (affine=False)
+            first = next(n for n in graph.nodes if n.op == "placeholder")
+            with graph.inserting_before(bn.args[1] if isinstance(bn.args[1], torch.fx.Node) else first):
                 weight = create_constant_placeholder(
                     exp_program=self.exported_program, graph=graph, kind=InputKind.PARAMETER,
                     name=bn.name + "_conv_weight", data=torch.ones((1,) * (spatial + 2), dtype=val.dtype))

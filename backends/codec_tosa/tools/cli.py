@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -318,8 +319,10 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
     kind = error_kind(e)
     if kind == "library":
         # ExecuTorch's pass manager wraps a pass's error in one that lists every pass
-        # run before it: the cause is what the user needs
-        while e.__cause__ is not None and error_kind(e.__cause__) == "library":
+        # run before it: the cause is what the user needs, unless it says nothing (the
+        # verifier's bare StopIteration under "While executing %node ...")
+        while (e.__cause__ is not None and error_kind(e.__cause__) == "library"
+               and str(e.__cause__).strip()):
             e = e.__cause__
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
@@ -331,7 +334,22 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
     origin = _origin(e)
     library = next((p for p in reversed(origin.parts[:-1]) if p in _LIBRARIES), origin.stem)
     where = f" during {stage}" if stage else ""
-    return f"{_LIBRARIES.get(library, library)} failed{where}: {type(e).__name__}: {first}"
+    source = _model_source(text)
+    return f"{_LIBRARIES.get(library, library)} failed{where}: {type(e).__name__}: {first}{source}"
+
+
+# torch.fx's "While executing %node" errors quote the stack the node was traced
+# from, the model's line first (after our own input wrapper's, tools/loading.py)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \w+\s*\n\s*(\S[^\n]*)')
+
+
+def _model_source(text: str) -> str:
+    """", from the model's FILE:LINE: CODE" where a library's message quotes the
+    model line its failing node was traced from, else ""."""
+    _, found, stack = text.partition("Original traceback:")
+    frames = _FRAME.finditer(stack if found else "")
+    m = next((f for f in frames if _PACKAGE not in Path(f[1]).resolve().parents), None)
+    return f", from the model's {Path(m[1]).name}:{m[2]}: {m[3].strip()}" if m else ""
 
 
 _LIBRARIES = {"arm": "Arm's backend", "executorch": "ExecuTorch", "torch": "PyTorch", "torchao": "torchao",

@@ -103,6 +103,7 @@ class DelegateCheck:
     backend_id: str
     max_abs: list[float | None]  # per delegate output; None: never compared
     reason: str | None = None  # why it could not run on the reference model
+    calls: int = 0  # calls the runtime recorded over the input sets
 
     @property
     def failed(self) -> bool:
@@ -116,6 +117,10 @@ class DelegateCheck:
         head = f"delegate {self.delegate} ({self.backend_id}): reference model vs {runtime}"
         if self.reason is not None:
             return f"{head}: not compared ({self.reason})"
+        if not self.calls:
+            # called by the plan (else validate notes it), so from a branch not taken
+            return (f"{head}: not compared: it never ran on these input sets (a control-flow "
+                    "branch none of them takes): incomplete")
         seen = [m for m in self.max_abs if m is not None]
         unseen = [k for k, m in enumerate(self.max_abs) if m is None]
         worst = f"max |diff| {max(seen):.3g}" if seen else "nothing compared"
@@ -629,6 +634,7 @@ def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pt
     ran = False
     for call in calls:
         check = checks[call.delegate]
+        check.calls += 1
         if check.reason is not None:
             continue
         try:
