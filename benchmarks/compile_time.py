@@ -1,0 +1,158 @@
+"""Compile time per stage, ours against stock Arm INT8 in the same process (issues 22 and 27).
+
+For each model (`arm_models.py`'s builders: executorch's Arm model tests that
+need no download, random weights), one spawned process times
+
+* stock: Arm's documented INT8 flow (`arm_models.stock_int8`): quantize (export,
+  `TOSAQuantizer`, 4 calibration inputs, convert, export) and lower
+  (`to_edge_transform_and_lower` with `TOSAPartitioner`, `to_executorch`);
+* ours: `codec-tosa compile` at each policy as the CLI runs it (default held-out
+  samples: as many of 16 as keep the reference stage within a quarter of the
+  compile, at least 4), in the stages `report.json` times: export, lowering
+  (split below), serialisation, reference outputs. The lowering is split where
+  the first delegate's TOSA lowering starts (`on_stage`): before it, edge
+  conversion, placement and calibration (at I: PT2E prepare, calibration,
+  convert, and the plan's record); from it to serialisation, Arm's TOSA
+  lowering of every delegate.
+
+Nothing is validated or run here (`arm_models.py` does that, in about an hour).
+The goals: ours at most 2x stock, the reference stage at most 25% of compile.
+It prints a table and writes `benchmarks/compile_time.json` (a run replaces
+the rows of the models it ran).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py                 # the small models
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py --models mobilenet_v2 inception_v3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arm_models  # noqa: E402 - the same model builders and stock flow
+
+DEFAULT_JSON = arm_models.ROOT / "benchmarks" / "compile_time.json"
+# small enough for a run of a few minutes; --models names any of arm_models'
+DEFAULT_MODELS = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "mobile_block", "lstm")
+STAGE_KEYS = ("export", "edge + placement", "TOSA lowering", "serialisation", "reference outputs")
+
+
+def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: str) -> dict[str, Any]:
+    """`codec-tosa compile` timed per stage (report.json's times; `on_stage` marks
+    where the TOSA lowering starts and ends)."""
+    from codec_tosa.spec import CodecSpec
+    from codec_tosa.tools.cli import error_line
+    from codec_tosa.tools.compiler import compile_module
+
+    marks: list[tuple[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-compile-time-") as d:
+        t0 = time.perf_counter()
+        try:
+            result = compile_module(name, (module, example), CodecSpec(policy), d, progress=False,
+                                    on_stage=lambda s: marks.append((s.split(":")[0], time.perf_counter())))
+        except Exception as e:  # noqa: BLE001 - a refusal is a row
+            return {"error": error_line(e), "total_s": time.perf_counter() - t0}
+        end = time.perf_counter()
+    times = result.report["times"]
+    starts = [t for kind, t in marks if kind == "TOSA lowering"]
+    stops = [t for kind, t in marks if kind == "serialisation"]
+    tosa = stops[0] - starts[0] if starts and stops else 0.0
+    stages = {"export": times["export_s"], "edge + placement": times["lowering_s"] - tosa, "TOSA lowering": tosa,
+              "serialisation": times["serialisation_s"], "reference outputs": times["reference_s"]}
+    return {"total_s": end - t0, "stages_s": stages, "held_out": result.report.get("held_out"),
+            "ambiguous_codes": result.report.get("ambiguous_codes", {}).get("total")}
+
+
+def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    from codec_tosa.tools.loading import bind_constants
+
+    build = arm_models.all_models()[name]
+    module, example = bind_constants(*build())
+    row: dict[str, Any] = {"model": name}
+    try:
+        row["stock"] = arm_models.stock_int8(module, tuple(example), None)
+    except Exception as e:  # noqa: BLE001 - stock fails on some models too
+        row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    module, example = bind_constants(*build())  # a fresh module: PT2E's export may leave state behind
+    for policy in policies:
+        row[policy] = ours(name, module, tuple(example), policy)
+    return row
+
+
+def _child(conn: Any, name: str, policies: tuple[str, ...]) -> None:
+    try:
+        conn.send(run_model(name, policies))
+    except BaseException as e:  # noqa: BLE001
+        conn.send({"model": name, "error": f"{type(e).__name__}: {e}"})
+    conn.close()
+
+
+def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    head = (f"{'model':<18} {'pol':<3} {'stock s':>7} {'ours s':>7} {'x stock':>7} {'export':>6} {'edge+pl':>7} "
+            f"{'lower':>6} {'ser':>5} {'ref':>6} {'ref %':>5} {'held out':>8}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        stock = r.get("stock", {}).get("total_s")
+        for p in policies:
+            o = r.get(p, {})
+            if "error" in o or "error" in r:
+                lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {'-':>7}  {o.get('error', r.get('error'))}")
+                continue
+            s = o["stages_s"]
+            held = o.get("held_out") or {}
+            lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {o['total_s']:7.1f} "
+                         f"{o['total_s'] / stock if stock else float('nan'):7.2f} "
+                         + " ".join(f"{s[k]:{w}.1f}" for k, w in zip(STAGE_KEYS, (6, 7, 6, 5, 6)))
+                         + f" {100 * s['reference outputs'] / o['total_s']:5.0f} "
+                         f"{held.get('stored', '-')!s:>3}/{held.get('asked', '-')!s:<4}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(arm_models.all_models()))
+    p.add_argument("--policies", nargs="+", default=list(arm_models.POLICIES), choices=arm_models.POLICIES)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = p.parse_args()
+    policies = tuple(args.policies)
+    order = list(arm_models.all_models())
+    kept: list[dict[str, Any]] = []
+    commands: list[str] = []
+    if args.json.exists():  # a later run replaces the rows of the models it ran
+        old = json.loads(args.json.read_text())
+        kept = [r for r in old["rows"] if r["model"] not in args.models]
+        commands = old.get("commands", [])
+    commands.append("python benchmarks/compile_time.py " + " ".join(sys.argv[1:]))
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
+    rows: list[dict[str, Any]] = []
+    for name in args.models:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(send, name, policies))
+        proc.start()
+        send.close()
+        row = recv.recv() if recv.poll(args.timeout) else {"model": name, "error": f"timeout {args.timeout:.0f}s"}
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        rows.append(row)
+        print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
+        merged = sorted(kept + rows, key=lambda r: order.index(r["model"]))
+        args.json.write_text(json.dumps({"commands": commands, "rows": merged}, indent=1) + "\n")
+    print()
+    print(table(rows, policies))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
