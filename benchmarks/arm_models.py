@@ -251,6 +251,17 @@ def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: s
 
 
 def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
+    return model_row(name, policies, lambda module, example, policy, held_out:
+                     ours(name, module, example, policy, held_out or []), held_out=True)
+
+
+OursAt = Callable[[torch.nn.Module, tuple[Any, ...], str, "list[tuple[Any, ...]] | None"], dict[str, Any]]
+
+
+def model_row(name: str, policies: tuple[str, ...], ours_at: OursAt, held_out: bool) -> dict[str, Any]:
+    """One model's row: stock INT8, then `ours_at(module, example, policy, held_out)`
+    per policy on a fresh module; `held_out`: draw inputs both artefacts run on
+    (else None, and stock's artefact is not run)."""
     torch.set_num_threads(1)
     from codec_tosa.tools.loading import bind_constants
 
@@ -258,24 +269,57 @@ def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
     # non-tensor inputs (max_pool1d's kernel size) bound as ours binds them: stock's
     # program would otherwise take them as runtime inputs no caller sets
     module, example = bind_constants(*build())
-    held_out = held_out_inputs(tuple(example))
+    drawn = held_out_inputs(tuple(example)) if held_out else None
     row: dict[str, Any] = {"model": name}
     try:
-        row["stock"] = stock_int8(module, tuple(example), held_out)
+        row["stock"] = stock_int8(module, tuple(example), drawn)
     except Exception as e:  # noqa: BLE001 - stock fails on some models too
         row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     module, example = bind_constants(*build())  # a fresh module: PT2E's export may leave state behind
     for policy in policies:
-        row[policy] = ours(name, module, tuple(example), policy, held_out)
+        row[policy] = ours_at(module, tuple(example), policy, drawn)
     return row
 
 
-def _child(conn: Any, name: str, policies: tuple[str, ...]) -> None:
+def _child(conn: Any, run: Callable[[str, tuple[str, ...]], dict[str, Any]], name: str,
+           policies: tuple[str, ...]) -> None:
     try:
-        conn.send(run_model(name, policies))
+        conn.send(run(name, policies))
     except BaseException as e:  # noqa: BLE001
         conn.send({"model": name, "error": f"{type(e).__name__}: {e}"})
     conn.close()
+
+
+def run_models(run: Callable[[str, tuple[str, ...]], dict[str, Any]], names: list[str],
+               policies: tuple[str, ...], timeout: float, path: Path, command: str,
+               show: Callable[[dict[str, Any]], None], fresh: bool = False) -> list[dict[str, Any]]:
+    """`run(name, policies)` for each model in a spawned interpreter of its own (as a
+    user's), with a timeout; after each, `show(row)` and the JSON at `path` rewritten:
+    this run's rows replace those of the same models (all of them when `fresh`)."""
+    order = list(all_models())
+    kept: list[dict[str, Any]] = []
+    commands: list[str] = []
+    if not fresh and path.exists():
+        old = json.loads(path.read_text())
+        kept = [r for r in old["rows"] if r["model"] not in names]
+        commands = old.get("commands", [old["command"]] if "command" in old else [])
+    commands.append(command)
+    ctx = multiprocessing.get_context("spawn")
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(send, run, name, policies))
+        proc.start()
+        send.close()
+        row = recv.recv() if recv.poll(timeout) else {"model": name, "error": f"timeout {timeout:.0f}s"}
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        rows.append(row)
+        show(row)
+        merged = sorted(kept + rows, key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+        path.write_text(json.dumps({"commands": commands, "rows": merged}, indent=1) + "\n")
+    return rows
 
 
 # ---------------------------------------------------------------- table
@@ -361,29 +405,9 @@ def main() -> int:
     if args.markdown:
         print(markdown(json.loads(args.json.read_text())["rows"], policies))
         return 0
-    rows: list[dict[str, Any]] = []
-    kept: list[dict[str, Any]] = []
-    commands: list[str] = []
-    if not args.fresh and args.json.exists():  # a later run replaces the rows of the models it ran
-        old = json.loads(args.json.read_text())
-        kept = [r for r in old["rows"] if r["model"] not in args.models]
-        commands = old.get("commands", [old["command"]] if "command" in old else [])
-    commands.append("python benchmarks/arm_models.py " + " ".join(sys.argv[1:]))
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
-    for name in args.models:
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, name, policies))
-        proc.start()
-        send.close()
-        row = recv.recv() if recv.poll(args.timeout) else {"model": name, "error": f"timeout {args.timeout:.0f}s"}
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-        rows.append(row)
-        print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
-        order = list(models)
-        merged = sorted(kept + rows, key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
-        args.json.write_text(json.dumps({"commands": commands, "rows": merged}, indent=1) + "\n")
+    rows = run_models(run_model, args.models, policies, args.timeout, args.json,
+                      "python benchmarks/arm_models.py " + " ".join(sys.argv[1:]),
+                      lambda row: print("\n".join(table([row], policies).splitlines()[2:]), flush=True), args.fresh)
     print()
     print(table(rows, policies))
     print()

@@ -27,8 +27,6 @@ the rows of the models it ran).
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -73,28 +71,8 @@ def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: s
 
 
 def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    from codec_tosa.tools.loading import bind_constants
-
-    build = arm_models.all_models()[name]
-    module, example = bind_constants(*build())
-    row: dict[str, Any] = {"model": name}
-    try:
-        row["stock"] = arm_models.stock_int8(module, tuple(example), None)
-    except Exception as e:  # noqa: BLE001 - stock fails on some models too
-        row["stock"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-    module, example = bind_constants(*build())  # a fresh module: PT2E's export may leave state behind
-    for policy in policies:
-        row[policy] = ours(name, module, tuple(example), policy)
-    return row
-
-
-def _child(conn: Any, name: str, policies: tuple[str, ...]) -> None:
-    try:
-        conn.send(run_model(name, policies))
-    except BaseException as e:  # noqa: BLE001
-        conn.send({"model": name, "error": f"{type(e).__name__}: {e}"})
-    conn.close()
+    return arm_models.model_row(name, policies, lambda module, example, policy, _: ours(name, module, example, policy),
+                                held_out=False)
 
 
 def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
@@ -126,29 +104,9 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = p.parse_args()
     policies = tuple(args.policies)
-    order = list(arm_models.all_models())
-    kept: list[dict[str, Any]] = []
-    commands: list[str] = []
-    if args.json.exists():  # a later run replaces the rows of the models it ran
-        old = json.loads(args.json.read_text())
-        kept = [r for r in old["rows"] if r["model"] not in args.models]
-        commands = old.get("commands", [])
-    commands.append("python benchmarks/compile_time.py " + " ".join(sys.argv[1:]))
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per model, as a user's
-    rows: list[dict[str, Any]] = []
-    for name in args.models:
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, name, policies))
-        proc.start()
-        send.close()
-        row = recv.recv() if recv.poll(args.timeout) else {"model": name, "error": f"timeout {args.timeout:.0f}s"}
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-        rows.append(row)
-        print("\n".join(table([row], policies).splitlines()[2:]), flush=True)
-        merged = sorted(kept + rows, key=lambda r: order.index(r["model"]))
-        args.json.write_text(json.dumps({"commands": commands, "rows": merged}, indent=1) + "\n")
+    rows = arm_models.run_models(run_model, args.models, policies, args.timeout, args.json,
+                                 "python benchmarks/compile_time.py " + " ".join(sys.argv[1:]),
+                                 lambda row: print("\n".join(table([row], policies).splitlines()[2:]), flush=True))
     print()
     print(table(rows, policies))
     return 0
