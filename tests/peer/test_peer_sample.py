@@ -178,3 +178,15 @@ def test_a_batch_norm_without_weight_passes_at_w_and_i() -> None:
     for policy in ("W", "I"):
         record = isolated(run_policy, (case, policy), 300.0, failed_record)
         assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"
+
+
+# index_put with a repeated index at I (Arm xfails it, MLETORCH-1596): the delegate's
+# SCATTER writes one element twice, which TOSA leaves UNPREDICTABLE, and the runtime
+# fails. The delegate reads CPU-quantized codes, so validate said only "error 0x1";
+# it now runs the reference model on the inputs the runtime recorded for the failed call
+def test_a_runtime_failure_of_a_cpu_fed_delegate_gives_the_reference_models_reason() -> None:
+    (case,) = [c for c in collect_cases() if c.id == "test_index_put:IndexPut:same_index"]
+    record = isolated(run_policy, (case, "I"), 300.0, failed_record)
+    assert record.get("verdict") == "validate refused", record
+    assert "the TOSA reference model returned status GraphStatus.TOSA_UNPREDICTABLE" in record["line"], record
+    assert "(the runtime fails too: " in record["line"] and "\n" not in record["line"], record

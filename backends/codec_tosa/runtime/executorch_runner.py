@@ -37,7 +37,13 @@ __all__ = ["DelegateCall", "PteRunError", "run_pte", "run_pte_recorded"]
 PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 class PteRunError(RuntimeError):
-    """The .pte could not be loaded or run in the ExecuTorch runtime."""
+    """The .pte could not be loaded or run in the ExecuTorch runtime.
+
+    `calls`: from `run_pte_recorded`, the delegate calls the run made before it
+    failed, the failing one included (its inputs are recorded before it runs;
+    a call that did not finish has no outputs)."""
+
+    calls: "list[DelegateCall]" = []
 
 
 def _read(pte: PteSource) -> bytes:
@@ -181,12 +187,21 @@ def run_pte_recorded(
         native.record(directory)
         try:
             outputs = _run(data, info, inputs, method)
+        except PteRunError as exc:
+            try:
+                exc.calls = _read_recording(Path(directory), data, info, method, finished=False)
+            except PteRunError:
+                pass  # the run's own error is the one to report
+            raise
         finally:
             native.record(None)
         return outputs, _read_recording(Path(directory), data, info, method)
 
 
-def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str) -> list[DelegateCall]:
+def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str,
+                    finished: bool = True) -> list[DelegateCall]:
+    """The recorded calls; `finished` False: the run failed, and a call without
+    recorded outputs (the one that failed) gets none."""
     manifest = directory / "manifest.tsv"
     if not manifest.is_file():
         return []
@@ -218,9 +233,10 @@ def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str) ->
         expected = order[position % len(order)] if order else -1
         delegate = next((d for d in candidates if d.index == expected), candidates[0])
         specs_in, specs_out = entry_io_tensors(delegate.payload)
+        ran = finished or all(("out", i) in files for i in range(len(specs_out)))
         arrays = {role: [_load_tensor(directory, call, role, i, spec, files.get((role, i)))
                          for i, spec in enumerate(specs)]
-                  for role, specs in (("in", specs_in), ("out", specs_out))}
+                  for role, specs in (("in", specs_in), ("out", specs_out if ran else []))}
         recorded.append(DelegateCall(call, delegate.index, delegate.backend_id, digest,
                                      arrays["in"], arrays["out"], delegate.payload))
     return recorded

@@ -402,6 +402,16 @@ class _ExecuTorchRunner(_Runner):
                 run_reference_model(tosa, [case.inputs[i].numpy() for i in w.input_positions], self.pte)
             except ReferenceModelError as e:
                 return ValidationError(f"{e} (the runtime fails too: {error})")
+        # a delegate fed by the CPU: the inputs the runtime recorded for its last call
+        for call in reversed(error.calls):
+            tosa = self.by_index[call.delegate_index].tosa if call.delegate_index in self.by_index else None
+            if tosa is None:
+                continue
+            try:
+                run_reference_model(tosa, call.inputs, self.pte)
+            except ReferenceModelError as e:
+                return ValidationError(f"{e} (the runtime fails too: {error})")
+            break
         return ValidationError(f"{self.pte}: {error}")
 
 
