@@ -325,9 +325,11 @@ def run_models(run: Callable[[str, tuple[str, ...]], dict[str, Any]], names: lis
 # ---------------------------------------------------------------- table
 
 
-def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
-    head = (f"{'model':<18} {'pol':<3} {'stock s':>7} {'ours s':>7} {'x stock':>7} {'export':>6} "
-            f"{'lower':>6} {'ser':>5} {'ref':>6} {'ref %':>5} {'ambig':>5}  verdict")
+def time_table(rows: list[dict[str, Any]], policies: tuple[str, ...], columns: str,
+               cells: Callable[[dict[str, Any]], str]) -> str:
+    """Compile seconds per model and policy: stock's, ours, the ratio, then
+    `cells(ours)` under `columns` (an error row where either failed)."""
+    head = f"{'model':<18} {'pol':<3} {'stock s':>7} {'ours s':>7} {'x stock':>7} {columns}"
     lines = [head, "-" * len(head)]
     for r in rows:
         stock = r.get("stock", {}).get("total_s")
@@ -337,13 +339,19 @@ def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
                 lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {'-':>7}  {o.get('error', r.get('error'))}")
                 continue
             ratio = o["total_s"] / stock if stock else float("nan")
-            ref_share = 100 * o.get("reference_s", 0.0) / o["total_s"]
-            lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {o['total_s']:7.1f} {ratio:7.2f} "
-                         f"{o.get('export_s', 0):6.1f} {o.get('lowering_s', 0):6.1f} "
-                         f"{o.get('serialisation_s', 0):5.1f} {o.get('reference_s', 0):6.1f} {ref_share:5.0f} "
-                         f"{o.get('ambiguous_codes') if o.get('ambiguous_codes') is not None else '-':>5}  "
-                         f"{o['verdict']}")
+            lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {o['total_s']:7.1f} {ratio:7.2f} {cells(o)}")
     return "\n".join(lines)
+
+
+def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
+    def cells(o: dict[str, Any]) -> str:
+        ambiguous = o.get("ambiguous_codes")
+        return (f"{o.get('export_s', 0):6.1f} {o.get('lowering_s', 0):6.1f} {o.get('serialisation_s', 0):5.1f} "
+                f"{o.get('reference_s', 0):6.1f} {100 * o.get('reference_s', 0.0) / o['total_s']:5.0f} "
+                f"{ambiguous if ambiguous is not None else '-':>5}  {o['verdict']}")
+
+    return time_table(rows, policies, f"{'export':>6} {'lower':>6} {'ser':>5} {'ref':>6} {'ref %':>5} {'ambig':>5}"
+                      "  verdict", cells)
 
 
 def artefacts_table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:

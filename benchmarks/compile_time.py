@@ -76,24 +76,14 @@ def run_model(name: str, policies: tuple[str, ...]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
-    head = (f"{'model':<18} {'pol':<3} {'stock s':>7} {'ours s':>7} {'x stock':>7} {'export':>6} {'edge+pl':>7} "
-            f"{'lower':>6} {'ser':>5} {'ref':>6} {'ref %':>5} {'held out':>8}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        stock = r.get("stock", {}).get("total_s")
-        for p in policies:
-            o = r.get(p, {})
-            if "error" in o or "error" in r:
-                lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {'-':>7}  {o.get('error', r.get('error'))}")
-                continue
-            s = o["stages_s"]
-            held = o.get("held_out") or {}
-            lines.append(f"{r['model']:<18} {p:<3} {stock or 0:7.1f} {o['total_s']:7.1f} "
-                         f"{o['total_s'] / stock if stock else float('nan'):7.2f} "
-                         + " ".join(f"{s[k]:{w}.1f}" for k, w in zip(STAGE_KEYS, (6, 7, 6, 5, 6)))
-                         + f" {100 * s['reference outputs'] / o['total_s']:5.0f} "
-                         f"{held.get('stored', '-')!s:>3}/{held.get('asked', '-')!s:<4}")
-    return "\n".join(lines)
+    def cells(o: dict[str, Any]) -> str:
+        s, held = o["stages_s"], o.get("held_out") or {}
+        return (" ".join(f"{s[k]:{w}.1f}" for k, w in zip(STAGE_KEYS, (6, 7, 6, 5, 6)))
+                + f" {100 * s['reference outputs'] / o['total_s']:5.0f} "
+                f"{held.get('stored', '-')!s:>3}/{held.get('asked', '-')!s:<4}")
+
+    return arm_models.time_table(rows, policies, f"{'export':>6} {'edge+pl':>7} {'lower':>6} {'ser':>5} "
+                                 f"{'ref':>6} {'ref %':>5} {'held out':>8}", cells)
 
 
 def main() -> int:

@@ -101,12 +101,6 @@ from codec_tosa.precision import (
 from codec_tosa.spec import AUTO, CodecSpec
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
-
-
-def _program_input(where: EdgeOrNode) -> str | None:
-    """The name of the program input an observer at `where` sees, or None."""
-    node = where[0] if isinstance(where, tuple) else where
-    return str(node.target) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 _Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
 
 _QMIN, _QMAX = -128, 127
@@ -503,6 +497,12 @@ def _key(edge_or_node: EdgeOrNode) -> _Key:
     if isinstance(edge_or_node, tuple):
         return (edge_or_node[0].name, edge_or_node[1].name)
     return edge_or_node.name
+
+
+def _program_input(where: EdgeOrNode) -> str | None:
+    """The name of the program input an observer at `where` sees, or None."""
+    node = where[0] if isinstance(where, tuple) else where
+    return str(node.target) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 
 
 class _Annotator:

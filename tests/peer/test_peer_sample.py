@@ -108,12 +108,32 @@ def test_rank0_index_output_passes_at_w(case_id: str) -> None:
     assert record["delegates"] >= 1, record
 
 
-# Found by the whole suite (`make peer`): addmm with a rank-0 bias input, whose held-out
-# samples reference_io.npz gave back as NumPy scalars (validate: internal error at W and I)
-def test_a_rank0_input_passes_at_w_and_i() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_addmm:Addmm:scalar_bias"]
+def _case(case_id: str) -> PeerCase:
+    (case,) = [c for c in collect_cases() if c.id == case_id]
+    return case
+
+
+def _record(case: PeerCase, policy: str) -> dict:
+    return isolated(run_policy, (case, policy), 300.0, failed_record)
+
+
+# Found by the whole suite (`make peer`), failing at W and I, now PASS at both:
+# addmm with a rank-0 bias input, whose held-out samples reference_io.npz gave back as
+# NumPy scalars (validate: internal error); a lone batch norm with affine=False (no
+# weight), which stock FP delegates: BatchNormConvolutionsPass put its convolution's
+# weight placeholder after the user input, which ExecuTorch refuses ("Const placeholder
+# nodes must be inserted before user input nodes"), and the line blamed ExecuTorch
+FIXED_AT_W_AND_I = ("test_addmm:Addmm:scalar_bias", "test_batch_norm:BatchNorm2d:c32_112x112_no_affine")
+
+
+@pytest.mark.parametrize("case_id", FIXED_AT_W_AND_I)
+def test_case_fixed_at_w_and_i_passes(case_id: str) -> None:
+    _passes_at_w_and_i(_case(case_id))
+
+
+def _passes_at_w_and_i(case: PeerCase) -> None:
     for policy in ("W", "I"):
-        record = isolated(run_policy, (case, policy), 300.0, failed_record)
+        record = _record(case, policy)
         assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"
 
 
@@ -121,11 +141,11 @@ def test_a_rank0_input_passes_at_w_and_i() -> None:
 # encodes it on the CPU, where +inf has no defined code (x86: the lowest one), 172 steps
 # from the simulation (FAIL); now refused in one line, and W still PASSes
 def test_an_infinite_program_input_is_refused_at_i_and_passes_at_w() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_add:Add2:4d_big_small_fp16"]
-    refused = isolated(run_policy, (case, "I"), 300.0, failed_record)
+    case = _case("test_add:Add2:4d_big_small_fp16")
+    refused = _record(case, "I")
     assert refused.get("verdict") == "refused", refused
     assert refused["line"].startswith("program input x: the calibration data holds +inf or NaN"), refused
-    assert isolated(run_policy, (case, "W"), 300.0, failed_record).get("verdict") == "PASS"
+    assert _record(case, "W").get("verdict") == "PASS"
 
 
 # ... and GroupNorm(6, 6) on [4, 6]: one element per group, so x - mean cancels and the
@@ -135,15 +155,13 @@ def test_an_infinite_program_input_is_refused_at_i_and_passes_at_w() -> None:
 # error). Now the step of an FP32 output is at least the bound its operators carry to
 # it, and the planned program is held to eager beyond their FP32 noise measured in float64
 def test_an_output_that_is_fp32_noise_passes_at_w_and_i() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_group_norm:GroupNorm:rand_4_6_groups_6"]
+    case = _case("test_group_norm:GroupNorm:rand_4_6_groups_6")
     module, (x,) = case.build()
     with torch.no_grad():
         noise = float(module(x).abs().max())
         exact = float(module.double()(x.double()).abs().max())
     assert noise > 1e-6 and exact < 1e-10, (noise, exact)  # still the case the fix is about
-    for policy in ("W", "I"):
-        record = isolated(run_policy, (case, policy), 300.0, failed_record)
-        assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"
+    _passes_at_w_and_i(case)
 
 
 # Arm's TOSA lowering fails on a rank-0 shape (amax of a vector; stock INT8 and FP fail
@@ -152,8 +170,7 @@ def test_an_output_that_is_fp32_noise_passes_at_w_and_i() -> None:
 def test_a_library_failure_names_the_node_and_the_model_line() -> None:
     stock = json.loads(BASELINE.read_text())["cases"]["test_amax:Amax:rank_1_dim_0"]
     assert not stock["fp"].get("delegated") and not stock["int"].get("delegated"), stock
-    (case,) = [c for c in collect_cases() if c.id == "test_amax:Amax:rank_1_dim_0"]
-    record = isolated(run_policy, (case, "W"), 300.0, failed_record)
+    record = _record(_case("test_amax:Amax:rank_1_dim_0"), "W")
     line = record.get("line", "")
     assert record.get("verdict") == "library" and "\n" not in line, record
     assert "InternalError: While executing %tosa_const_shape" in line, line
@@ -161,32 +178,18 @@ def test_a_library_failure_names_the_node_and_the_model_line() -> None:
 
 
 def test_a_library_failure_without_a_traced_node_is_its_first_line() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_rshift:RshiftTensor:randint_0_127_int32"]
-    record = isolated(run_policy, (case, "W"), 300.0, failed_record)
+    record = _record(_case("test_rshift:RshiftTensor:randint_0_127_int32"), "W")
     assert record.get("verdict") == "library", record
     assert record["line"].startswith("ExecuTorch failed during export: SpecViolationError: Operator "
                                      "torch._ops.aten.bitwise_right_shift.Tensor is not in Core ATen opset"), record
 
 
-# Found by the whole suite: a lone batch norm with affine=False (no weight) at W, which
-# stock FP delegates. BatchNormConvolutionsPass put its convolution's weight placeholder
-# after the user input, which ExecuTorch refuses ("Const placeholder nodes must be
-# inserted before user input nodes"); the message came from ExecuTorch, so the line
-# blamed it. Now the placeholder goes first, and both policies PASS
-def test_a_batch_norm_without_weight_passes_at_w_and_i() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_batch_norm:BatchNorm2d:c32_112x112_no_affine"]
-    for policy in ("W", "I"):
-        record = isolated(run_policy, (case, policy), 300.0, failed_record)
-        assert record.get("verdict") == "PASS", f"{policy}: {record.get('verdict')}: {record.get('line', '')}"
-
-
-# index_put with a repeated index at I (Arm xfails it, MLETORCH-1596): the delegate's
-# SCATTER writes one element twice, which TOSA leaves UNPREDICTABLE, and the runtime
-# fails. The delegate reads CPU-quantized codes, so validate said only "error 0x1";
-# it now runs the reference model on the inputs the runtime recorded for the failed call
+# index_put with a repeated index at I (Arm's own test expects it to fail, MLETORCH-1596):
+# the delegate's SCATTER writes one element twice, which TOSA leaves UNPREDICTABLE, and
+# the runtime fails. The delegate reads CPU-quantized codes, so validate said only "error
+# 0x1"; it now runs the reference model on the inputs the runtime recorded for the failed call
 def test_a_runtime_failure_of_a_cpu_fed_delegate_gives_the_reference_models_reason() -> None:
-    (case,) = [c for c in collect_cases() if c.id == "test_index_put:IndexPut:same_index"]
-    record = isolated(run_policy, (case, "I"), 300.0, failed_record)
+    record = _record(_case("test_index_put:IndexPut:same_index"), "I")
     assert record.get("verdict") == "validate refused", record
     assert "the TOSA reference model returned status GraphStatus.TOSA_UNPREDICTABLE" in record["line"], record
     assert "(the runtime fails too: " in record["line"] and "\n" not in record["line"], record

@@ -43,7 +43,7 @@ class PteRunError(RuntimeError):
     failed, the failing one included (its inputs are recorded before it runs;
     a call that did not finish has no outputs)."""
 
-    calls: "list[DelegateCall]" = []
+    calls: "Sequence[DelegateCall]" = ()
 
 
 def _read(pte: PteSource) -> bytes:

@@ -224,10 +224,9 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
         sets.append(s)
     if plan and any(_planned_off(s) for s in sets):
         assert planned is not None
-        noise = [fp32_noise(planned, module, x, signature, s) for s, x in zip(sets, cases)]
-        if all(n is not None for n in noise):
-            for s, n in zip(sets, noise):
-                s.fp32_noise = n
+        noise = fp32_noise(planned, module, sets, cases, signature)
+        for s, n in zip(sets, noise or ()):
+            s.fp32_noise = n
     if any(env.ambiguous for env in envelopes):
         for s, e in zip(sets, envelopes):
             s.allowance = [_numpy(a) for a in e.allowance]
@@ -251,9 +250,10 @@ def _planned_off(s: InputSet) -> bool:
                for e, p in zip(s.eager or (), s.planned or ()))
 
 
-def fp32_noise(planned: PlannedProgram, module: Callable[..., Any], x: Sequence[Any], signature: Any,
-               s: InputSet) -> list[np.ndarray] | None:
-    """Per output element, |eager - eager in float64| + |planned - planned in float64|.
+def fp32_noise(planned: PlannedProgram, module: Callable[..., Any], sets: Sequence[InputSet],
+               cases: Sequence[Sequence[Any]], signature: Any) -> list[list[np.ndarray]] | None:
+    """Per input set and output element, |eager - eager in float64| + |planned -
+    planned in float64|.
 
     Where an output cancels (a group norm over one-element groups is FP32 noise
     about 0), two correct FP32 orders differ by far more than Z_RTOL of it, but
@@ -265,19 +265,21 @@ def fp32_noise(planned: PlannedProgram, module: Callable[..., Any], x: Sequence[
         return t.to(torch.float64) if t.dtype == torch.float32 else t
 
     try:
-        e64 = program_outputs(copy.deepcopy(module).to(torch.float64), map_tensors(tuple(x), wide), signature)
-        p64 = run_planned(planned, map_tensors(tuple(x), wide), torch.float64)
+        module64 = copy.deepcopy(module).to(torch.float64)
+        widened = [map_tensors(tuple(x), wide) for x in cases[:len(sets)]]
+        runs = [(program_outputs(module64, x, signature), run_planned(planned, x, torch.float64)) for x in widened]
     except Exception:  # noqa: BLE001 - no yardstick; validate keeps Z_RTOL alone
         return None
-    out = []
-    for e, p, a, b in zip(s.eager or (), s.planned or (), e64, p64):
-        if not np.issubdtype(e.dtype, np.floating):
-            out.append(np.zeros(e.shape))
-            continue
-        d = (np.abs(e.astype(np.float64) - _numpy(a).reshape(e.shape))
-             + np.abs(p.astype(np.float64).reshape(e.shape) - _numpy(b).reshape(e.shape)))
-        out.append(np.nan_to_num(d, nan=0.0, posinf=0.0))  # inf and NaN are compared as values
-    return out
+    return [[_noise(e, p, a, b) for e, p, a, b in zip(s.eager or (), s.planned or (), e64, p64)]
+            for s, (e64, p64) in zip(sets, runs)]
+
+
+def _noise(eager: np.ndarray, planned: np.ndarray, eager64: torch.Tensor, planned64: torch.Tensor) -> np.ndarray:
+    if not np.issubdtype(eager.dtype, np.floating):
+        return np.zeros(eager.shape)
+    d = (np.abs(eager.astype(np.float64) - _numpy(eager64).reshape(eager.shape))
+         + np.abs(planned.astype(np.float64).reshape(eager.shape) - _numpy(planned64).reshape(eager.shape)))
+    return np.nan_to_num(d, nan=0.0, posinf=0.0)  # inf and NaN are compared as values
 
 
 def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:

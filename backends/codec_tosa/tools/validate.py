@@ -393,25 +393,22 @@ class _ExecuTorchRunner(_Runner):
         return [t.detach().numpy() for t in outputs], calls
 
     def _failure(self, case: Case, error: PteRunError) -> ValidationError:
-        """The reference model's reason, where it has one, is the readable one."""
-        for w in self.wirings:
-            tosa = self.by_index[w.delegate].tosa
-            if w.input_positions is None or tosa is None:
-                continue
-            try:
-                run_reference_model(tosa, [case.inputs[i].numpy() for i in w.input_positions], self.pte)
-            except ReferenceModelError as e:
-                return ValidationError(f"{e} (the runtime fails too: {error})")
-        # a delegate fed by the CPU: the inputs the runtime recorded for its last call
-        for call in reversed(error.calls):
-            tosa = self.by_index[call.delegate_index].tosa if call.delegate_index in self.by_index else None
+        """The reference model's reason, where it has one, is the readable one: on the
+        program inputs a delegate reads, and for a delegate fed by the CPU, on the
+        inputs the runtime recorded for the last call it made (the failing one)."""
+        attempts = [(self.by_index[w.delegate].tosa, [case.inputs[i].numpy() for i in w.input_positions])
+                    for w in self.wirings if w.input_positions is not None]
+        last = next((c for c in reversed(error.calls)
+                     if c.delegate_index in self.by_index and self.by_index[c.delegate_index].tosa is not None), None)
+        if last is not None:
+            attempts.append((self.by_index[last.delegate_index].tosa, last.inputs))
+        for tosa, inputs in attempts:
             if tosa is None:
                 continue
             try:
-                run_reference_model(tosa, call.inputs, self.pte)
+                run_reference_model(tosa, inputs, self.pte)
             except ReferenceModelError as e:
                 return ValidationError(f"{e} (the runtime fails too: {error})")
-            break
         return ValidationError(f"{self.pte}: {error}")
 
 
