@@ -57,7 +57,7 @@ import math
 import weakref
 from fractions import Fraction
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 import torch.fx
@@ -176,6 +176,24 @@ class _Accumulator:
     wide: bool = False
 
 
+class Resolver(Protocol):
+    """The artefact's own code at each ambiguous element of an encode, where it is
+    known (`tools.artefact_rounding.ArtefactRounding`)."""
+
+    def __call__(self, node: str, codes: torch.Tensor, ambiguous: Sequence[AmbiguousCode],
+                 zero_point: int, qmin: int, qmax: int) -> torch.Tensor: ...
+
+    @property
+    def complete(self) -> bool:
+        """Every encode with ambiguous codes so far was decided."""
+        ...
+
+    @property
+    def flipped(self) -> int:
+        """Ambiguous codes the artefact rounded the other way from the simulation."""
+        ...
+
+
 @dataclass
 class SimulationStats:
     """Which operators the simulation evaluated on codes, and which it could not."""
@@ -192,7 +210,8 @@ class IntegerSimulator(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule,
                  flips: Mapping[str, Sequence[AmbiguousCode]] | None = None,
                  fp32_delegated: bool = True, find_ambiguous: bool = True,
-                 keep_values: bool = False, constants: _Constants | None = None) -> None:
+                 keep_values: bool = False, constants: _Constants | None = None,
+                 resolve: Resolver | None = None) -> None:
         # keep_values: every node's value stays in `env` after `run`, for `rerun`
         super().__init__(gm, garbage_collect_values=not keep_values)
         # constants: `constants_of` the program, to reuse across runs (None: nothing kept)
@@ -214,6 +233,8 @@ class IntegerSimulator(torch.fx.Interpreter):
         self.ambiguous: list[AmbiguousCode] = []
         self.flips = dict(flips or {})  # codes to encode the other way, per quantize node
         self.find_ambiguous = find_ambiguous  # off in the envelope's re-simulations, which only need outputs
+        # the artefact's code at each ambiguous element, where it is known (`Resolver`)
+        self.resolve = resolve
         self.evaluated = 0  # nodes `rerun` evaluated
 
     def rerun(self, base: "IntegerSimulator") -> Any:
@@ -364,8 +385,11 @@ class IntegerSimulator(torch.fx.Interpreter):
         bound = self.bounds.get(src, 0.0) if isinstance(src, torch.fx.Node) else 0.0
         if bound > 0 and self.find_ambiguous:
             _, scale, zp, qmin, qmax, _ = _args(n, self)
-            self.ambiguous += ambiguous_codes(n.name, self.env[src], codes, bound, float(scale), int(zp),
-                                              int(qmin), int(qmax))
+            found = ambiguous_codes(n.name, self.env[src], codes, bound, float(scale), int(zp),
+                                    int(qmin), int(qmax))
+            self.ambiguous += found
+            if found and self.resolve is not None:
+                codes = self.resolve(n.name, codes, found, int(zp), int(qmin), int(qmax))
         flips = self.flips.get(n.name)
         if flips:
             codes = codes.clone()
@@ -811,18 +835,18 @@ class Envelope:
     # per output, the bound on |artefact - simulation| its FP32 operators carry to
     # it (`rounding_ambiguity.error_bound`; 0 for an output the codes determine)
     output_bounds: list[float] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """Every ambiguous code was flipped alone (at most MAX_FLIPS of them)."""
-        return len(self.ambiguous) <= MAX_FLIPS
+    # every ambiguous code was flipped alone, or decided by the artefact
+    complete: bool = True
+    # ambiguous codes the artefact rounded the other way, where the artefact decided
+    # each of them (`outputs` are then its, and `allowance` 0); None: not asked
+    artefact_flipped: int | None = None
 
 
 def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
-         keep_values: bool = False) -> tuple[list[torch.Tensor], IntegerSimulator]:
+         keep_values: bool = False, resolve: Resolver | None = None) -> tuple[list[torch.Tensor], IntegerSimulator]:
     runner = IntegerSimulator(sim.graph_module, fp32_delegated=not planned.spec.integer_only,
                               constants=constants_of(sim),
-                              keep_values=keep_values)
+                              keep_values=keep_values, resolve=resolve)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
     return _outputs(out), runner
@@ -843,14 +867,27 @@ def _outputs(out: Any) -> list[torch.Tensor]:
 
 
 def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
-                      max_flips: int = MAX_FLIPS) -> Envelope:
+                      max_flips: int | None = None,
+                      artefact: Callable[[], Resolver] | None = None) -> Envelope:
     """`simulate`, the codes the artefact may round the other way (encodes of FP32
     values Arm computes differently, within the bound of a rounding boundary), and
     the outputs' allowance: each ambiguous code flipped alone (when there are at
-    most `max_flips`) and all flipped together, re-simulated."""
+    most `max_flips`, default MAX_FLIPS) and all flipped together, re-simulated.
+
+    `artefact`: where there are more than `max_flips`, makes the artefact's
+    `Resolver` for these inputs; the simulation then runs again taking the
+    artefact's code at each ambiguous element, and where it decided all of them,
+    that is the envelope (exact: allowance 0)."""
+    max_flips = MAX_FLIPS if max_flips is None else max_flips
     sim = planned.materialized()
     base, runner = _run(planned, sim, inputs, keep_values=True)
     ambiguous = runner.ambiguous
+    if len(ambiguous) > max_flips and artefact is not None:
+        resolver = artefact()
+        outputs, resolved = _run(planned, sim, inputs, resolve=resolver)
+        if resolver.complete:
+            return Envelope(outputs, [torch.zeros(b.shape, dtype=torch.float64) for b in outputs],
+                            resolved.ambiguous, 1, _output_bounds(sim, resolved), True, resolver.flipped)
     allowance = [torch.zeros(b.shape, dtype=torch.float64) for b in base]
     runs = 0
     if ambiguous:
@@ -867,14 +904,17 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
             summed = [s + _moved(m, b) for s, m, b in zip(summed, moved, base)]
         runs = 1 + len(singles)
         allowance = [torch.maximum(s, _moved(t, b)) for s, t, b in zip(summed, together, base)]
+    return Envelope(base, allowance, ambiguous, runs, _output_bounds(sim, runner), len(ambiguous) <= max_flips)
+
+
+def _output_bounds(sim: Any, runner: IntegerSimulator) -> list[float]:
     returned = _outputs(sim.graph_module.graph.output_node().args[0])
-    bounds = [runner.bounds.get(n, 0.0) if isinstance(n, torch.fx.Node) else 0.0 for n in returned]
-    return Envelope(base, allowance, ambiguous, runs, bounds)
+    return [runner.bounds.get(n, 0.0) if isinstance(n, torch.fx.Node) else 0.0 for n in returned]
 
 
 def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.reshape(b.shape).to(torch.float64) - b.to(torch.float64)).abs()
 
 
-__all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "SimulationStats", "run_planned", "simulate",
+__all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "Resolver", "SimulationStats", "run_planned", "simulate",
            "simulate_envelope", "simulate_with_stats"]

@@ -351,7 +351,7 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         # oracle, so its artefact is held to eager by SQNR (docs/DESIGN.md, "XNNPACK")
         ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
                                 program.graph_signature, simulated=samples != 0 and spec.target != "xnnpack",
-                                budget_s=budget)
+                                budget_s=budget, artefact=pte if spec.target == "tosa" else None)
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()

@@ -33,6 +33,7 @@ from codec_tosa.planning import PlannedProgram
 from codec_tosa.pytrees import leaves, map_tensors, tensor_leaves
 from codec_tosa.simulation import Envelope, run_planned, simulate, simulate_envelope
 from codec_tosa.spec import CodecSpec
+from codec_tosa.tools.artefact_rounding import ArtefactRounding
 from codec_tosa.tools.metrics import Z_RTOL, finite_span, max_difference, sqnr_db, sqnr_warning
 from codec_tosa.tools.samples import MIN_SAMPLES
 
@@ -52,7 +53,10 @@ class InputSet:
     # per output element, how far the ambiguous codes may move it (None: not one)
     allowance: list[np.ndarray] | None = None
     ambiguous: int = 0  # codes the artefact may legitimately round the other way
-    envelope_complete: bool = True  # each of them was flipped alone
+    envelope_complete: bool = True  # each of them was flipped alone, or decided by the artefact
+    # of the ambiguous codes, how many the artefact rounded the other way, where its
+    # own rounding decided every one (`tools.artefact_rounding`; None: not asked)
+    artefact_flipped: int | None = None
     # per output element, how far FP32 rounding alone puts eager and the planned
     # program from their float64 values (None: not measured; see `fp32_noise`)
     fp32_noise: list[np.ndarray] | None = None
@@ -87,6 +91,8 @@ class ReferenceIO:
                         out[f"sample_{role}_{i}"] = np.stack([getattr(s, role)[i] for s in samples])
         out["ambiguous_codes"] = np.array([s.ambiguous for s in self.sets], dtype=np.int64)
         out["envelope_complete"] = np.array([s.envelope_complete for s in self.sets])
+        out["artefact_flipped"] = np.array([-1 if s.artefact_flipped is None else s.artefact_flipped
+                                            for s in self.sets], dtype=np.int64)
         return out
 
     @classmethod
@@ -108,6 +114,7 @@ class ReferenceIO:
 
         ambiguous = io.get("ambiguous_codes")
         complete = io.get("envelope_complete")
+        flipped = io.get("artefact_flipped")
 
         def input_set(label: str, case: int, s: int | None) -> InputSet:
             inputs = [torch.from_numpy(sample(f"input_{i}", s)) for i in range(n_in)]
@@ -115,6 +122,7 @@ class ReferenceIO:
                             role("allowance", s),
                             int(ambiguous[case]) if ambiguous is not None else 0,
                             bool(complete[case]) if complete is not None else True,
+                            int(flipped[case]) if flipped is not None and flipped[case] >= 0 else None,
                             role("fp32_noise", s))
 
         stored = int(io["sample_input_0"].shape[0]) if "sample_input_0" in io else 0
@@ -185,7 +193,8 @@ def _cloned(x: Any) -> Any:
 
 def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any], inputs: Sequence[Any],
                       held_out: Sequence[Sequence[Any]], spec: CodecSpec, signature: Any = None,
-                      simulated: bool = True, budget_s: float | None = None) -> Reference:
+                      simulated: bool = True, budget_s: float | None = None,
+                      artefact: bytes | None = None) -> Reference:
     """The reference stage: eager, planned and simulated outputs of the example and
     the held-out inputs, with the allowance of the ambiguous codes. `planned` None:
     nothing was planned (the program is the model). `simulated` False skips the
@@ -194,7 +203,11 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
 
     `budget_s`: the stage's time budget. The held-out inputs are taken in order,
     at least `MIN_SAMPLES` of them, and the next one only while the time per input
-    set so far says it ends within the budget (None: all of them)."""
+    set so far says it ends within the budget (None: all of them).
+
+    `artefact`: the .pte, when its delegates are TOSA graphs the runtime runs on
+    the reference model: on an input set with too many ambiguous codes to flip
+    each alone, its own rounding decides them (`tools.artefact_rounding`)."""
     cases = [tuple(inputs), *(tuple(x) for x in held_out)]
     plan = simulated and planned is not None
     sets: list[InputSet] = []
@@ -215,10 +228,12 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
             if spec.reference:
                 s.simulated = [_numpy(t) for t in simulate(planned, s.inputs)]
             else:
-                e = simulate_envelope(planned, x)
+                e = simulate_envelope(planned, x, artefact=None if artefact is None else
+                                      lambda: ArtefactRounding.of(artefact, s.inputs))
                 envelopes.append(e)
                 s.simulated = [_numpy(t) for t in e.outputs]
                 s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
+                s.artefact_flipped = e.artefact_flipped
         elif simulated:
             s.simulated = s.eager
         sets.append(s)
@@ -291,6 +306,9 @@ def envelope_summary(envelopes: Sequence[Envelope]) -> dict[str, Any]:
             "encodes": sorted({a.node for e in envelopes for a in e.ambiguous}),
             "resimulations": sum(e.resimulations for e in envelopes),
             "complete": all(e.complete for e in envelopes),
+            # input sets whose ambiguous codes the artefact's own rounding decided
+            "decided_by_artefact": sum(e.artefact_flipped is not None for e in envelopes),
+            "artefact_flipped": sum(e.artefact_flipped or 0 for e in envelopes),
             "fp32_eps": FP32_EPS}
 
 

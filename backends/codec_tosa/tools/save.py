@@ -61,7 +61,8 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     assert planned.program is not None
     signature = planned.program.graph_signature
     fp32 = model.eval() if model is not None else planned.program.module()
-    ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature)
+    ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature,
+                            artefact=pte if spec.target == "tosa" else None)
     if model is None:
         for s in ref.io.sets:
             s.planned = None  # the reference is that graph itself: nothing independent to hold it to

@@ -201,6 +201,9 @@ class Validation:
     runtime: str = "runtime"
     warnings: list[str] = field(default_factory=list)
     ambiguous_codes: int = 0  # over the input sets (compile's `simulate_envelope`)
+    # per input set whose ambiguous codes the artefact's rounding decided at compile,
+    # how many it rounded the other way (tools/artefact_rounding)
+    artefact_flipped: list[int] = field(default_factory=list)
 
     @property
     def not_compared(self) -> list[str]:
@@ -262,8 +265,14 @@ class Validation:
                 "rounding beyond one step, so that criterion cannot tell a miscompilation here (see the SQNR)"
                 for o in self.outputs if o.within_rounding_sensitivity]
         if self.expected == "simulation":
+            how = "each re-simulated flipped"
+            if self.artefact_flipped:
+                how = (f"on {len(self.artefact_flipped)} input set{'s' * (len(self.artefact_flipped) != 1)} with "
+                       f"more than {MAX_FLIPS}, each decided by the artefact's own rounding on the reference "
+                       f"model at compile ({sum(self.artefact_flipped)} the other way), every other code the "
+                       "simulation's; elsewhere each re-simulated flipped")
             out.append(f"  ambiguous codes: {self.ambiguous_codes} (encodes of FP32 values the artefact computes "
-                       "with other roundings, near a rounding boundary; each re-simulated flipped)")
+                       f"with other roundings, near a rounding boundary; {how})")
         out += [f"  warning: {w}" for w in self.warnings]
         out += [f"  note: {n}" for n in self.notes]
         if self.verdict is Verdict.INCOMPLETE:
@@ -750,7 +759,8 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     notes = [] if has_eager else ["no FP32 eager output was available: no SQNR"]
     result = Validation(pte, target.policy, expected_name, ran, result_outputs, notes,
                         [checks[w.delegate] for w in wirings], len(cases), _describe(cases), runner.name,
-                        ambiguous_codes=sum(c.ambiguous for c in cases))
+                        ambiguous_codes=sum(c.ambiguous for c in cases),
+                        artefact_flipped=[c.artefact_flipped for c in cases if c.artefact_flipped is not None])
     result.warnings += [w for o in result.outputs if o.sqnr_db is not None
                         for w in [sqnr_warning(o.index, o.sqnr_db, f"the {runner.name}'s output")] if w]
     return result
