@@ -258,6 +258,14 @@ def iter_constants(buf: bytes) -> Iterator[ConstantInfo]:
                     yield ConstantInfo(region, block_name, name, out, "SHAPE", [sh.Rank()], data)
 
 
+def tosa_version(buf: bytes) -> tuple[int, int, int, bool]:
+    """The TOSA specification version a flatbuffer declares: (major, minor, patch, draft)."""
+    v = _graph(buf).Version()
+    if v is None:
+        raise ValueError("TOSA flatbuffer declares no version")
+    return int(v._Major()), int(v._Minor()), int(v._Patch()), bool(v._Draft())
+
+
 def entry_io_counts(buf: bytes) -> tuple[int, int]:
     """(inputs, outputs) of the block a runner executes: the main (first)
     region's first block, as the reference model's serialization handler picks it."""

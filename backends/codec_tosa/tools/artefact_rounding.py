@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from codec_tosa.rounding_ambiguity import AmbiguousCode
-from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors
+from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
+from codec_tosa.tools.quiet import quiet
 
 # the CASTs that round: FP32 in, codes out
 _ROUNDING_IN = ("FP32",)
@@ -52,15 +53,12 @@ class _Rounding:
 
 
 def rounding_names(payload: bytes) -> list[str]:
-    """The outputs of the CASTs in a TOSA graph that round FP32 values to codes."""
-    names = []
-    for tensors, operators in blocks(payload):
-        for op in operators:
-            if (op.op == "CAST" and len(op.inputs) == 1 and len(op.outputs) == 1
-                    and tensors[op.inputs[0]].dtype in _ROUNDING_IN
-                    and tensors[op.outputs[0]].dtype in _ROUNDING_OUT):
-                names.append(op.outputs[0])
-    return names
+    """The outputs of the CASTs in a TOSA graph's main block that round FP32
+    values to codes (a control-flow branch's block cannot output to it)."""
+    tensors, operators = next(iter(blocks(payload)))
+    return [op.outputs[0] for op in operators
+            if op.op == "CAST" and len(op.inputs) == 1 and len(op.outputs) == 1
+            and tensors[op.inputs[0]].dtype in _ROUNDING_IN and tensors[op.outputs[0]].dtype in _ROUNDING_OUT]
 
 
 def exposing(payload: bytes, names: Sequence[str]) -> bytes:
@@ -72,8 +70,13 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-        serializer = ts.TosaSerializer("")
-        if not serializer.loadTosaFlatbuffer(path):
+        # written back at the graph's own version, as Arm wrote it
+        major, minor, patch, draft = tosa_version(payload)
+        serializer = ts.TosaSerializer("", targetMajor=major, targetMinor=minor, targetPatch=patch,
+                                       targetDraft=draft)
+        with quiet():  # the serializer notes its own newer version: our probe, not the user's concern
+            loaded = serializer.loadTosaFlatbuffer(path)
+        if not loaded:
             raise ValueError("the TOSA serializer cannot read the delegate's flatbuffer")
         block = serializer.regions[0].basicBlocks[0]
         for name in names:
