@@ -104,3 +104,86 @@ def test_digits_put_the_operand_back_together() -> None:
     assert all(d.abs().max() <= 2 ** split.bits for d in digits)
     back = sum(d.to(torch.float64) * 2.0 ** (split.bits * j) for j, d in enumerate(digits))
     assert torch.equal(back, x)
+
+
+# ---- int8 codes: one int8 GEMM (only where the CPU's int8 GEMM is exact) -----
+
+needs_int8_gemm = pytest.mark.skipif(not integer_products.int8_gemm_is_exact(),
+                                     reason="no exact int8 GEMM on this CPU (VNNI or AMX)")
+
+
+def _int8(generator: torch.Generator, shape: tuple[int, ...], low: int = -128, high: int = 127) -> torch.Tensor:
+    return torch.randint(low, high + 1, shape, generator=generator).to(torch.int8)
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("cin, cout, k, stride, padding, dilation, zero_point", [
+    (64, 8, 3, [1, 1], [1, 1], [1, 1], -128),  # after a ReLU: centred codes up to 255
+    (96, 16, 3, [2, 2], [2, 2], [2, 2], 5),
+    (2100, 4, 1, [1, 1], [0, 0], [1, 1], -128),  # 1x1: the codes are the columns
+    (24, 8, 1, [2, 2], [0, 0], [1, 1], 0),  # 1x1 strided
+    (16, 8, 1, [1, 1], [1, 1], [1, 1], 17),  # 1x1 padded: the padding is the zero point
+    (3, 8, 7, [2, 2], [3, 3], [1, 1], -3),  # a stem
+    (32, 8, 3, [1, 1], [12, 12], [12, 12], 127),  # taps off the centre read only padding
+])
+def test_int8_convolution_is_exact(cin: int, cout: int, k: int, stride: list[int], padding: list[int],
+                                   dilation: list[int], zero_point: int) -> None:
+    g = torch.Generator().manual_seed(cin * 31 + cout)
+    x, w = _int8(g, (2, cin, 9, 11)), _int8(g, (cout, cin, k, k), -127)
+    weight = integer_products.int8_weight(w)
+    assert weight is not None
+    got = integer_products.convolution_int8(x, zero_point, weight, stride, padding, dilation)
+    assert got is not None and got.dtype == torch.int32
+    expected = _conv64(x.to(torch.float64) - zero_point, w.to(torch.float64), stride, padding, dilation, 1)
+    assert torch.equal(got.to(torch.float64), expected)
+
+
+@needs_int8_gemm
+def test_int8_convolution_is_exact_at_the_extremes() -> None:
+    # every product at its largest (centred 255 times -127, and -128 times 127): sums
+    # far past 2**24, and past int16 for every pair of products
+    x = torch.full((1, 600, 5, 5), 127, dtype=torch.int8)
+    w = torch.full((3, 600, 3, 3), -127, dtype=torch.int8)
+    w[1] = 127
+    weight = integer_products.int8_weight(w)
+    assert weight is not None
+    for zero_point in (-128, 127):
+        got = integer_products.convolution_int8(x, zero_point, weight, [1, 1], [1, 1], [1, 1])
+        expected = _conv64(x.to(torch.float64) - zero_point, w.to(torch.float64), [1, 1], [1, 1], [1, 1], 1)
+        assert got is not None and torch.equal(got.to(torch.float64), expected)
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("shape, zero_point", [((7, 5000), -128), ((2, 6, 1200), 9), ((1, 40), 0)])
+def test_int8_linear_is_exact(shape: tuple[int, ...], zero_point: int) -> None:
+    g = torch.Generator().manual_seed(shape[-1])
+    x, w = _int8(g, shape), _int8(g, (9, shape[-1]), -127)
+    weight = integer_products.int8_weight(w)
+    assert weight is not None
+    got = integer_products.linear_int8(x, zero_point, weight)
+    assert got is not None
+    assert torch.equal(got.to(torch.int64), (x.to(torch.int64) - zero_point) @ w.to(torch.int64).T)
+
+
+@needs_int8_gemm
+def test_int8_path_declines_what_it_cannot_sum_exactly() -> None:
+    g = torch.Generator().manual_seed(1)
+    grouped = integer_products.int8_weight(_int8(g, (8, 4, 3, 3)))
+    assert grouped is not None  # the weight alone does not say; the activation's channels do
+    assert integer_products.convolution_int8(_int8(g, (1, 8, 5, 5)), 0, grouped, [1, 1], [1, 1], [1, 1]) is None
+    assert integer_products.convolution_int8(_int8(g, (1, 4, 5, 5)).to(torch.int16), 0, grouped,
+                                             [1, 1], [1, 1], [1, 1]) is None  # int16 codes
+    # a reduction past 2**16 could overflow the int32 sums
+    assert integer_products.int8_weight(torch.zeros((2, 2 ** 16 + 1), dtype=torch.int8)) is None
+
+
+def test_int8_gemm_is_off_where_onednn_may_lack_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    # without VNNI oneDNN sums pairs of int8 products in saturating int16
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    integer_products.int8_gemm_is_exact.cache_clear()
+    try:
+        assert not integer_products.int8_gemm_is_exact()
+        assert integer_products.int8_weight(torch.ones((2, 3), dtype=torch.int8)) is None
+    finally:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        integer_products.int8_gemm_is_exact.cache_clear()

@@ -20,6 +20,7 @@ defines it, with the constants Arm serialises (see docs/DESIGN.md, "Validation")
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -67,16 +68,13 @@ def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output
     v = values.to(torch.int64)
     if input_zp:
         v = v - int(input_zp)
-    pairs = [multiplier_and_shift(float(s), multiplier_bits) for s in scales]
-    mult = torch.tensor([m for m, _ in pairs], dtype=torch.int64)
-    shift = torch.tensor([s for _, s in pairs], dtype=torch.int64)
-    if len(pairs) > 1:
+    mult, shift, rounding = _constants(tuple(float(s) for s in scales), multiplier_bits)
+    if len(scales) > 1:
         if channel_axis is None:
             raise ValueError("per-channel RESCALE needs the channel axis")
         shape = [1] * v.dim()
-        shape[channel_axis] = len(pairs)
-        mult, shift = mult.reshape(shape), shift.reshape(shape)
-    rounding = torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
+        shape[channel_axis] = len(scales)
+        mult, shift, rounding = mult.reshape(shape), shift.reshape(shape), rounding.reshape(shape)
     # in place on the one product tensor: these run over every activation of a model
     scaled = v * mult
     scaled += rounding
@@ -85,6 +83,17 @@ def rescale(values: torch.Tensor, scales: Sequence[float], input_zp: int, output
         scaled += int(output_zp)
     info = torch.iinfo(out_dtype)
     return scaled.clamp_(info.min, info.max).to(out_dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constants(scales: tuple[float, ...], multiplier_bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per scale, as int64: the multiplier, the shift and the rounding ``2**(shift-1)``.
+    Kept (read only): a convolution's per-channel scales come back on every input
+    set and every re-simulation, thousands of `multiplier_and_shift` each."""
+    pairs = [multiplier_and_shift(s, multiplier_bits) for s in scales]
+    mult = torch.tensor([m for m, _ in pairs], dtype=torch.int64)
+    shift = torch.tensor([s for _, s in pairs], dtype=torch.int64)
+    return mult, shift, torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
 
 
 def average(sums: torch.Tensor, counts: torch.Tensor, output_zp: int, out_dtype: torch.dtype) -> torch.Tensor:

@@ -93,6 +93,7 @@ _AVG_POOL = "aten.avg_pool2d.default"
 _BILINEAR = "aten.upsample_bilinear2d.vec"
 _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 _INT8 = torch.int8
+_INT32 = torch.iinfo(torch.int32)
 # activation codes: INT8, or INT16 in a 16-bit domain (codec_tosa.precision)
 _CODE_DTYPES = (torch.int8, torch.int16)
 
@@ -161,11 +162,20 @@ def constants_of(program: Any) -> _Constants:
     return _CONSTANTS[gm]
 
 
+@dataclass(frozen=True, eq=False)  # by identity: a decode evaluated again read other codes (`rerun`)
+class _Undecoded:
+    """A decode the simulation left out (`IntegerSimulator._dequantize`): its arguments,
+    kept to compute it if an operator reads it after all (the codes' node may be gone)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class _Accumulator:
     """The int32 result of an INT8 compute operator, before its output RESCALE."""
 
-    values: torch.Tensor  # int64 holding the exact accumulator
+    values: torch.Tensor  # int64 (or int32, `_plus_bias`) holding the exact accumulator
     in_scale: float
     weight_scales: tuple[float, ...]
     channel_axis: int
@@ -301,6 +311,7 @@ class IntegerSimulator(torch.fx.Interpreter):
                 return acc.values
             if self._lowered_int8(n):
                 self.stats.float_fallbacks.append(n.name)
+            self._decode_inputs(n)  # the float path reads the decodes `_dequantize` left out
         elif key in _INT32_ARITHMETIC:
             acc = self._int32_arithmetic(n, key)
             if acc is not None:
@@ -330,26 +341,42 @@ class IntegerSimulator(torch.fx.Interpreter):
                 self.bounds[n] = bound
 
     # ---- codecs ------------------------------------------------------------
-    def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor:
-        codes = self.env[n.args[0]] if isinstance(n.args[0], torch.fx.Node) else n.args[0]
-        out = self.constants.get(n, "decoded", codes, lambda: self._decoded(n))
+    def _dequantize(self, n: torch.fx.Node, key: str) -> torch.Tensor | _Undecoded:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        codes = args[0]
+        # read only by compute operators, which run on the codes: the decode is left out
+        # until one cannot (`_decode_inputs`). Half of what `simulate_envelope` keeps
+        # of DeepLabV3 is such decodes, and its weights' take a second to compute
+        left_out = bool(n.users) and all(u.op == "call_function" and target_key(u.target) in _INTEGER_COMPUTE
+                                         for u in n.users)
+        out = _Undecoded(args, kwargs) if left_out else self._decode(n, args, kwargs)
         if key == _DQ:
             _, scale, zp, qmin, qmax, dtype = _args(n, self)[:6]  # then out_dtype (FP16 programs)
             self.codes[n] = _Codes(codes, (float(scale),), (int(zp),), None, int(qmin), int(qmax), dtype)
         else:
             _, scales, zps, axis, qmin, qmax, dtype = _args(n, self)[:7]
-            self.codes[n] = _Codes(codes, tuple(float(s) for s in scales.tolist()),
-                                   tuple(int(z) for z in zps.tolist()), int(axis), int(qmin), int(qmax),
-                                   dtype)
+            # a weight's, kept: thousands of per-channel parameters
+            self.codes[n] = self.constants.get(n, "codes", codes, lambda: _Codes(
+                codes, tuple(float(s) for s in scales.tolist()), tuple(int(z) for z in zps.tolist()), int(axis),
+                int(qmin), int(qmax), dtype))
         return out
 
-    def _decoded(self, n: torch.fx.Node) -> torch.Tensor:
-        out = super().run_node(n)  # the decode: quantized_decomposed semantics
+    def _decode(self, n: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.constants.get(n, "decoded", args[0], lambda: self._decoded(n, args, kwargs))
+
+    def _decode_inputs(self, n: torch.fx.Node) -> None:
+        """The decodes `n` reads where `_dequantize` left them out."""
+        for a in n.all_input_nodes:
+            value = self.env[a]
+            if isinstance(value, _Undecoded):
+                self.env[a] = self._decode(a, value.args, value.kwargs)
+
+    def _decoded(self, n: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        out = n.target(*args, **kwargs)  # the decode: quantized_decomposed semantics
         if out.dtype in _REDUCED_FLOATS and n.users and all(_lowered_on_codes(u) for u in n.users):
             # an FP16 program's decode into operators Arm lowers on codes: Arm computes
             # their TABLEs and RESCALEs from FP32 decodes (QuantArgs.dequantize_value),
             # never in FP16 (exp's table a code off on Arm's rand_fp16 case)
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
             out = n.target(*args, **{**kwargs, "out_dtype": torch.float32})
         return out
 
@@ -587,29 +614,48 @@ class IntegerSimulator(torch.fx.Interpreter):
         if w.axis not in (None, 0):
             return None  # per output channel is axis 0 of a conv / linear weight
         args = _args(n, self)
-        xs = x.centred()
-        ws = self.constants.get(operands[1], "centred", w.codes, w.centred)
-        if key == _CONV:
-            _, _, _, stride, padding, dilation, transposed, out_pad, groups = args
-            if transposed:
-                return None
-            acc = integer_products.convolution(xs, ws, stride, padding, dilation, groups)
-            axis = 1
-        elif key == _LINEAR:
-            acc = integer_products.linear(xs, ws)
-            axis = acc.dim() - 1
-        else:
-            acc = integer_products.matmul(xs, ws)
-            axis = acc.dim() - 1
-        values = acc.to(torch.int64)  # exact integers (integer_products)
+        if key == _CONV and args[6]:
+            return None  # transposed
+        acc = self._int8_products(key, x, w, operands[1], args)
+        if acc is None:
+            xs = x.centred()
+            ws = self.constants.get(operands[1], "centred", w.codes, w.centred)
+            if key == _CONV:
+                _, _, _, stride, padding, dilation, _, _, groups = args
+                acc = integer_products.convolution(xs, ws, stride, padding, dilation, groups)
+            elif key == _LINEAR:
+                acc = integer_products.linear(xs, ws)
+            else:
+                acc = integer_products.matmul(xs, ws)
+        axis = 1 if key == _CONV else acc.dim() - 1
+        centred_bias = None
         if bias is not None:
-            shape = [1] * values.dim()
+            shape = [1] * acc.dim()
             shape[axis] = -1
-            values += self.constants.get(operands[2], "centred", bias.codes,
-                                         lambda: bias.centred(torch.int64)).reshape(shape)
+            centred_bias = self.constants.get(operands[2], "centred", bias.codes,
+                                              lambda: bias.centred(torch.int64)).reshape(shape)
+        values = _plus_bias(acc, centred_bias)
         self.stats.integer_ops.append(n.name)
         # int16 x int8 products accumulate in int48 (TOSA's CONV2D at int16)
         return _Accumulator(values, x.scales[0], w.scales, axis, wide=x.dtype == torch.int16)
+
+    def _int8_products(self, key: str, x: _Codes, w: _Codes, weight: torch.fx.Node,
+                       args: tuple[Any, ...]) -> torch.Tensor | None:
+        """A convolution's or linear's products of int8 codes by one int8 GEMM of the
+        codes (`integer_products.convolution_int8`), where it applies: int8
+        activations, weights of zero point 0, one group; None: the float32 path."""
+        if key not in (_CONV, _LINEAR) or x.dtype != _INT8 or any(w.zero_points):
+            return None
+        # the weight as the GEMM reads it, once per program (None: no exact int8 GEMM here)
+        prepared = self.constants.get(weight, "int8", w.codes, lambda: integer_products.int8_weight(w.codes))
+        if prepared is None:
+            return None
+        if key == _LINEAR:
+            return integer_products.linear_int8(x.codes, x.zero_points[0], prepared)
+        _, _, _, stride, padding, dilation, _, _, groups = args
+        if groups != 1:
+            return None
+        return integer_products.convolution_int8(x.codes, x.zero_points[0], prepared, stride, padding, dilation)
 
     def _int32_arithmetic(self, n: torch.fx.Node, key: str) -> _Accumulator | None:
         """add, sub, mul, sum, maximum or minimum of per-tensor int8 codes, as Arm's
@@ -735,6 +781,22 @@ def _fake_quantize(x: torch.Tensor, theta: tuple[Any, ...]) -> torch.Tensor:
     """Encode then decode like the plan's own codecs, for a codec Arm inserts itself."""
     q = torch.ops.quantized_decomposed.quantize_per_tensor(x, *theta)
     return torch.ops.quantized_decomposed.dequantize_per_tensor(q, *theta)
+
+
+def _plus_bias(acc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``acc + bias`` of exact integers (`integer_products`; bias int64): int32 where
+    the int8 GEMM gave int32 and the sum stays in its range, else int64. int32 halves
+    what `simulate_envelope` keeps of each accumulator (DeepLabV3: 200 MB, all written
+    for the first time on the first input set)."""
+    if acc.dtype == torch.int32 and acc.numel():
+        low, high = (int(v) for v in torch.aminmax(acc))
+        reach = int(bias.abs().max()) if bias is not None and bias.numel() else 0
+        if low - reach >= _INT32.min and high + reach <= _INT32.max:
+            return acc if bias is None else acc.add_(bias.to(torch.int32))  # acc is the GEMM's own
+    values = acc.to(torch.int64)
+    if bias is not None:
+        values += bias
+    return values
 
 
 def _sequential_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -913,7 +975,10 @@ def _output_bounds(sim: Any, runner: IntegerSimulator) -> list[float]:
 
 
 def _moved(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a.reshape(b.shape).to(torch.float64) - b.to(torch.float64)).abs()
+    # in place on one float64 copy: an output is a million elements, moved once per re-simulation
+    moved = a.reshape(b.shape).to(torch.float64, copy=True)
+    moved -= b  # b widened exactly, as a is
+    return moved.abs_()
 
 
 __all__ = ["Envelope", "IntegerSimulator", "MAX_FLIPS", "Resolver", "SimulationStats", "run_planned", "simulate",

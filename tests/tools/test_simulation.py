@@ -196,13 +196,63 @@ def test_constants_are_derived_once_and_change_nothing() -> None:
     first, second = (torch.randn(shape, generator=gen),), (torch.randn(shape, generator=gen),)
     simulate_with_stats(planned, first)
     kept = len(constants_of(sim))
-    assert kept > 0  # every convolution's weight decode and centred codes
+    assert kept > 0  # every convolution's weight, as its products read it
     cached, stats = simulate_with_stats(planned, second)
     assert len(constants_of(sim)) == kept  # nothing derived again
     with torch.no_grad():
         fresh = IntegerSimulator(sim.graph_module).run(*lifted_args(sim, second))
     fresh = fresh[0] if isinstance(fresh, (tuple, list)) else fresh
     assert stats.integer_ops and torch.equal(cached[0], fresh)
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "attention"])
+def test_int8_gemm_and_float32_paths_simulate_alike(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convolutions and linears of int8 codes summed by the int8 GEMM (where the CPU
+    has an exact one) or in float32 chunks: the same simulation, bit for bit."""
+    from codec_tosa import integer_products
+    from codec_tosa.calibration import lifted_args
+    from codec_tosa.simulation import IntegerSimulator
+
+    _, example, shape, lowered = _lowered(name, 0, "W")
+    sim = lowered.planned.materialized()
+    args = lifted_args(sim, (torch.randn(shape, generator=torch.Generator().manual_seed(7)),))
+    with torch.no_grad():
+        gemm = IntegerSimulator(sim.graph_module).run(*args)
+        monkeypatch.setattr(integer_products, "int8_weight", lambda w: None)
+        chunks = IntegerSimulator(sim.graph_module).run(*args)
+    assert torch.equal(gemm[0], chunks[0])
+
+
+def test_decodes_left_out_are_computed_when_read() -> None:
+    """A decode read only by compute operators is left out while they run on codes;
+    one that cannot (forced here, every one) decodes its inputs first, also once the
+    codes' own value is freed: the materialised program's result, in eager."""
+    from unittest import mock
+
+    from codec_tosa.calibration import lifted_args
+    from codec_tosa.simulation import IntegerSimulator
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1)).eval()
+    example = (torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(0)),)
+    lowered = lower_program(torch.export.export(model, example), CodecSpec(policy="W"), [example])
+    sim = lowered.planned.materialized()
+    with torch.no_grad(), mock.patch.object(IntegerSimulator, "_accumulate", lambda self, n, key: None):
+        outs, stats = simulate_with_stats(lowered.planned, example)
+        eager = torch.fx.Interpreter(sim.graph_module).run(*lifted_args(sim, example))
+    assert stats.float_fallbacks  # the convolutions, in float
+    assert torch.equal(outs[0], eager[0] if isinstance(eager, (tuple, list)) else eager)
+
+
+def test_an_accumulator_leaves_int32_before_it_could_wrap() -> None:
+    """The int8 GEMM's int32 sums stay int32 with their bias only while the sum fits."""
+    from codec_tosa.simulation import _plus_bias
+
+    bias = torch.tensor([[20], [-20]])
+    kept = _plus_bias(torch.tensor([[5], [-5]], dtype=torch.int32), bias)
+    assert kept.dtype == torch.int32 and kept.tolist() == [[25], [-25]]
+    edge = torch.tensor([[2 ** 31 - 10], [-2 ** 31 + 10]], dtype=torch.int32)
+    widened = _plus_bias(edge.clone(), bias)
+    assert widened.dtype == torch.int64 and widened.tolist() == [[2 ** 31 + 10], [-2 ** 31 - 10]]
 
 
 def test_multiplier_and_shift_match_arm():
