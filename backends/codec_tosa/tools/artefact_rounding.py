@@ -52,6 +52,12 @@ class _Rounding:
     values: np.ndarray  # round(x / s), saturated to its dtype: the code minus the zero point
 
 
+def askable(pte: bytes, target: str) -> bytes | None:
+    """`pte`, when its artefact can decide ambiguous codes: a TOSA delegate, which
+    the runtime runs on the reference model (module docstring); None for any other."""
+    return pte if target == "tosa" else None
+
+
 def rounding_names(payload: bytes) -> list[str]:
     """The outputs of the CASTs in a TOSA graph's main block that round FP32
     values to codes (a control-flow branch's block cannot output to it)."""
@@ -182,4 +188,4 @@ def _codes_like(values: np.ndarray, shape: torch.Size, zero_point: int, qmin: in
     return torch.clamp(v.reshape(-1) + zero_point, qmin, qmax)
 
 
-__all__ = ["ArtefactRounding", "artefact_roundings", "exposing", "rounding_names"]
+__all__ = ["ArtefactRounding", "artefact_roundings", "askable", "exposing", "rounding_names"]

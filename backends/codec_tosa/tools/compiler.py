@@ -23,6 +23,7 @@ from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
+from codec_tosa.tools.artefact_rounding import askable
 from codec_tosa.tools.reference_io import Reference, ReferenceIO, reference_outputs
 from codec_tosa.tools.samples import (DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs,
                                       reference_budget)
@@ -351,7 +352,7 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         # oracle, so its artefact is held to eager by SQNR (docs/DESIGN.md, "XNNPACK")
         ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
                                 program.graph_signature, simulated=samples != 0 and spec.target != "xnnpack",
-                                budget_s=budget, artefact=pte if spec.target == "tosa" else None)
+                                budget_s=budget, artefact=askable(pte, spec.target))
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()

@@ -37,6 +37,7 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     from codec_tosa.quantizer import CodecQuantizer
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.tools.compiler import build_report, write_artefacts
+    from codec_tosa.tools.artefact_rounding import askable
     from codec_tosa.tools.reference_io import reference_outputs
 
     pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
@@ -62,7 +63,7 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     signature = planned.program.graph_signature
     fp32 = model.eval() if model is not None else planned.program.module()
     ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature,
-                            artefact=pte if spec.target == "tosa" else None)
+                            artefact=askable(pte, spec.target))
     if model is None:
         for s in ref.io.sets:
             s.planned = None  # the reference is that graph itself: nothing independent to hold it to
