@@ -36,7 +36,8 @@ annotations *are* the plan.
   producer's group, because both quantize "the same tensor".
 * A relu or relu6 right after a convolution or linear is annotated as Arm
   annotates it (nothing quantized between them), so Arm's
-  FuseQuantizedActivationPass folds it (the table's `fuses_activation`); at
+  FuseQuantizedActivationPass folds it (the table's `fuses_activation`), where
+  the domain holds no negative value (Arm's fold saturates at -128); at
   XNNPACK, every activation its kernel folds (the kernel's `fuses`). Not in an
   INT16 domain: Arm's quantizer quantizes between them at a16w8, and Arm's
   lowering of the folded pair at int16 drops the relu (measured:
@@ -633,9 +634,7 @@ class _Annotator:
         FuseQuantizedActivationPass then folds the activation into the RESCALE).
         `fused_values` gets the producers' outputs."""
         g = self.g
-        ports: set[int] = set()
-        self.fused_values: set[int] = set()
-        self.fused_domains: set[int] = set()
+        candidates: dict[int, list[tuple[int, int]]] = {}  # domain -> (activation in-port, producer output)
         for op in range(g.num_ops):
             if g.op_target[op] not in CLAMPING_TARGETS:
                 continue
@@ -649,10 +648,46 @@ class _Annotator:
             if not self.target.fuses(g, producer, op, self.table) or self.plan.value_domain[x] != d \
                     or self.plan.value_domain[out] != d or self.bits.get(d, BITS8) != BITS8:
                 continue
-            ports.add(p)
-            self.fused_values.add(x)
+            candidates.setdefault(d, []).append((p, x))
+        ports: set[int] = set()
+        self.fused_values: set[int] = set()
+        self.fused_domains: set[int] = set()
+        for d, pairs in candidates.items():
+            # Arm's fold saturates at the lowest code, which is 0.0 only where the
+            # domain holds no negative value (int8_targets)
+            if self.target.fold_needs_lowest_zero_point and not self._non_negative(
+                    d, {p for p, _ in pairs}, {x for _, x in pairs}):
+                continue
+            ports.update(p for p, _ in pairs)
+            self.fused_values.update(x for _, x in pairs)
             self.fused_domains.add(d)
         return ports
+
+    def _non_negative(self, d: int, skip_ports: set[int], skip_values: set[int]) -> bool:
+        """Whether every value domain `d`'s observer sees is >= 0 by construction (a
+        relu-like clamp from 0, or codes moved from such values), leaving out the
+        folded pairs' pre-activation values, which no observer sees."""
+        g, sem, plan = self.g, self.sem, self.plan
+        known: dict[int, bool] = {}
+
+        def value(v: int) -> bool:
+            if v not in known:
+                known[v] = False  # a cycle is not a proof
+                op = g.val_op[v]
+                if op >= 0 and g.op_target[op] in CLAMPING_TARGETS:
+                    known[v] = _clamp_bounds(g, op)[0] >= 0.0
+                elif op >= 0:
+                    row = self.table.lookup(g.op_target[op])
+                    pad = g.op_argument(op, "value") if g.op_target[op].startswith("aten.constant_pad_nd") else 0.0
+                    known[v] = (row is not None and row.moves_codes and float(pad or 0.0) >= 0.0
+                                and bool(g.op_in[op]) and all(value(g.in_value[p]) for p in g.op_in[op]))
+            return known[v]
+
+        seen = [g.in_value[p] for p in range(g.num_in_ports) if plan.in_domain[p] == d and sem.in_sem[p] == CODE
+                and p not in skip_ports]
+        seen += [v for v in range(g.num_values) if plan.value_domain[v] == d and sem.out_code[v]
+                 and v not in skip_values]
+        return all(value(v) for v in seen)
 
     def fused_pairs(self) -> dict[int, list[tuple[str, str]]]:
         """Per domain, the (producer, activation) node names annotated folded."""

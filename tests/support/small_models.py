@@ -135,6 +135,23 @@ def conv_relu6_conv(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     return ConvRelu6Conv().eval(), (torch.randn(1, 3, 8, 8),)
 
 
+class ConvReluCatInput(nn.Module):
+    """relu(conv(x)) concatenated with x itself: the cat shares one theta between
+    the relu'd half and x's negative values, so 0.0 is not the lowest code there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([nn.functional.relu(self.conv(x)), x], dim=1)
+
+
+def conv_relu_cat_input(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvReluCatInput().eval(), (torch.randn(1, 4, 8, 8),)
+
+
 class MobileBlock(nn.Module):
     """A MobileNet-style block: conv+BN+ReLU6, depthwise, residual add, cat,
     channel shuffle, average pooling and a linear head (policy I's target shape)."""
