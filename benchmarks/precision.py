@@ -229,10 +229,15 @@ def _simulation_steps(quantizer: Any, lowered: dict[str, Any], tests: list[tuple
 
 def deployment_data() -> list[tuple]:
     """A trained model's search data for a deployment that sees noisy inputs: 64
-    clean and 128 noisy training images (disjoint from both test sets)."""
+    clean and 128 noisy training images (disjoint from both test sets; the noise is
+    the noisy test set's, from a generator of its own)."""
     from codec_tosa_examples.models import trained
+    from codec_tosa_examples.models.trained.data import NOISE_SIGMA
 
-    return trained.calibration_images(64, 7) + trained.noisy_calibration_images(128, 11)
+    gen = torch.Generator().manual_seed(1011)
+    noisy = [(x + NOISE_SIGMA * torch.randn(x.shape, generator=gen, dtype=torch.float32),)
+             for (x,) in trained.calibration_images(128, 11)]
+    return trained.calibration_images(64, 7) + noisy
 
 
 def top1_agreement(reference: list[torch.Tensor], outputs: list[torch.Tensor]) -> float:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .architectures import ARCHITECTURES
-from .data import Digits, accuracy, calibration_images, digits, noisy_calibration_images, top1
+from .data import Digits, accuracy, calibration_images, digits, top1
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 MODELS: tuple[str, ...] = tuple(ARCHITECTURES)
@@ -80,6 +80,5 @@ __all__ = [
     "digits_vit",
     "load",
     "manifest",
-    "noisy_calibration_images",
     "top1",
 ]

@@ -115,15 +115,6 @@ def calibration_images(n: int = 64, seed: int = 0) -> list[tuple[torch.Tensor]]:
     return [(train_x[int(i) : int(i) + 1].clone(),) for i in order[:n]]
 
 
-def noisy_calibration_images(n: int = 64, seed: int = 0) -> list[tuple[torch.Tensor]]:
-    """`calibration_images(n, seed)`, each plus Gaussian noise of std NOISE_SIGMA (as
-    the noisy test set) from a generator seeded with ``seed`` + 1000: deployment-like
-    data from the training split, disjoint from both test sets."""
-    gen = torch.Generator().manual_seed(seed + 1000)
-    return [(x + NOISE_SIGMA * torch.randn(x.shape, generator=gen, dtype=torch.float32),)
-            for (x,) in calibration_images(n, seed)]
-
-
 def top1(model_or_callable: Callable[[torch.Tensor], Any], x: torch.Tensor, batch: int = 64) -> torch.Tensor:
     """Predicted labels (N,) int64: argmax of the logits, ``batch`` images per call.
 
