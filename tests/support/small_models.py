@@ -152,6 +152,24 @@ def conv_relu_cat_input(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, .
     return ConvReluCatInput().eval(), (torch.randn(1, 4, 8, 8),)
 
 
+class ConvReluCatPooled(nn.Module):
+    """Two relu'd convolutions concatenated, one of them max-pooled and upsampled
+    on the way: every value the cat's domain holds is non-negative."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = nn.functional.max_pool2d(nn.functional.relu(self.b(x)), 2)
+        return torch.cat([nn.functional.relu(self.a(x)), nn.functional.interpolate(pooled, scale_factor=2.0)], dim=1)
+
+
+def conv_relu_cat_pooled(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvReluCatPooled().eval(), (torch.randn(1, 4, 8, 8),)
+
+
 class MobileBlock(nn.Module):
     """A MobileNet-style block: conv+BN+ReLU6, depthwise, residual add, cat,
     channel shuffle, average pooling and a linear head (policy I's target shape)."""

@@ -296,6 +296,17 @@ def test_a_relu_whose_domain_holds_negative_values_is_not_folded(tmp_path: Path)
         assert sqnr_db([eager], [out.reshape(eager.shape)]) > 30.0  # INT8 codes: about 40 dB
 
 
+def test_relus_whose_domain_holds_only_non_negative_values_stay_folded(tmp_path: Path) -> None:
+    """Through a max pool, an upsampling and a cat every value of the cat's domain is
+    a relu's: both relus fold into their convolutions (no CLAMP), as Arm folds them."""
+    compile_model(f"{small_models.__file__}:conv_relu_cat_pooled", CodecSpec("I"), tmp_path, progress=False,
+                  samples=SAMPLES)
+    pte = tmp_path / "model.pte"
+    _passes(pte)
+    ops = tosa_stats(delegate_payload(pte.read_bytes())).operators_by_type
+    assert "CLAMP" not in ops and ops.get("CONV2D") == 2, ops
+
+
 def test_symmetric_activations_fold_the_relu6_at_the_lowest_code(tmp_path: Path) -> None:
     """With zero point 0 Arm's FuseQuantizedActivationPass drops the relu6 into a
     RESCALE that saturates at -128, not at the code of 0.0: the relu6 is lost (a
