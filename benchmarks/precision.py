@@ -121,26 +121,37 @@ def _stock_quantizer(target: str, config: str, hand: Sequence[str] = ()) -> Any:
     return q
 
 
+def _searched(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], auto: bool = True,
+              search: list[tuple] | None = None) -> tuple[torch.fx.GraphModule, float]:
+    """The PT2E module prepared with `quantizer` and calibrated, with
+    ``choose_precision`` run when `auto` (on `search`, or the first SEARCH_INPUTS
+    calibration inputs); and the search's seconds."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    with torch.no_grad():
+        prepared = prepare_pt2e(torch.export.export(module, example).module(check_guards=False), quantizer)
+        for batch in calib:
+            prepared(*batch)
+        if not auto:
+            return prepared, 0.0
+        t = time.perf_counter()
+        quantizer.choose_precision(prepared, search if search is not None else calib[:SEARCH_INPUTS])
+    return prepared, time.perf_counter() - t
+
+
 def _lower(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], target: str,
            auto: bool = False, search: list[tuple] | None = None) -> dict[str, Any]:
     """Arm's PT2E flow with `quantizer` (``choose_precision`` between calibration and
     convert when `auto`, on `search` or the first SEARCH_INPUTS calibration inputs),
     lowered with EthosUPartitioner; the artefact and its figures."""
     from executorch.exir import to_edge_transform_and_lower
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     from codec_tosa import arm_adapter
 
     t = time.perf_counter()
+    prepared, search_s = _searched(quantizer, module, example, calib, auto, search)
     with torch.no_grad():
-        prepared = prepare_pt2e(torch.export.export(module, example).module(check_guards=False), quantizer)
-        for batch in calib:
-            prepared(*batch)
-        search_s = 0.0
-        if auto:
-            s = time.perf_counter()
-            quantizer.choose_precision(prepared, search if search is not None else calib[:SEARCH_INPUTS])
-            search_s = time.perf_counter() - s
         program = torch.export.export(convert_pt2e(prepared), example)
     partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(target))
     with tempfile.TemporaryDirectory(prefix="precision-vela-") as d, arm_adapter.vela_runs_kept(d) as runs:
@@ -311,7 +322,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
             record(f"ours-{flow}", ours)
         # the search's own scores of all-INT8 and all-INT16 span the frontier's budgets
         probe = CodecQuantizer(CodecSpec(policy="I", target=target, precision="auto", budget=0.0))
-        _lower(probe, module, example, calib, target, auto=True)
+        _searched(probe, module, example, calib)  # its scores only: nothing to lower
         lo, hi = probe.search_result.floor_score, probe.search_result.ceiling_score
         hand: list[str] = []
         # `budgets` points spread between all-INT8's and all-INT16's search scores, and
@@ -357,7 +368,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                 deploy = deployment_data()
                 floor = CodecQuantizer(CodecSpec(policy="I", target=target, weights="auto", metric=top1_agreement,
                                                  budget=2.0))  # out of reach: every weight INT8, and its score
-                _lower(floor, module, example, calib, target, auto=True, search=deploy)
+                _searched(floor, module, example, calib, search=deploy)
                 b = floor.search_result.score
                 q = CodecQuantizer(CodecSpec(policy="I", target=target, weights="auto", metric=top1_agreement,
                                              budget=b))

@@ -667,7 +667,7 @@ class _Annotator:
         """Whether every value domain `d`'s observer sees is >= 0 by construction (a
         relu-like clamp from 0, or codes moved from such values), leaving out the
         folded pairs' pre-activation values, which no observer sees."""
-        g, sem, plan = self.g, self.sem, self.plan
+        g, domain = self.g, self.plan.domains[d]
         known: dict[int, bool] = {}
 
         def value(v: int) -> bool:
@@ -678,15 +678,14 @@ class _Annotator:
                     known[v] = _clamp_bounds(g, op)[0] >= 0.0
                 elif op >= 0:
                     row = self.table.lookup(g.op_target[op])
-                    pad = g.op_argument(op, "value") if g.op_target[op].startswith("aten.constant_pad_nd") else 0.0
-                    known[v] = (row is not None and row.moves_codes and float(pad or 0.0) >= 0.0
+                    pads_below_zero = (g.op_target[op].startswith("aten.constant_pad_nd")
+                                       and float(g.op_argument(op, "value") or 0.0) < 0.0)
+                    known[v] = (row is not None and row.moves_codes and not pads_below_zero
                                 and bool(g.op_in[op]) and all(value(g.in_value[p]) for p in g.op_in[op]))
             return known[v]
 
-        seen = [g.in_value[p] for p in range(g.num_in_ports) if plan.in_domain[p] == d and sem.in_sem[p] == CODE
-                and p not in skip_ports]
-        seen += [v for v in range(g.num_values) if plan.value_domain[v] == d and sem.out_code[v]
-                 and v not in skip_values]
+        seen = [g.in_value[p] for p in domain.in_ports if p not in skip_ports]
+        seen += [v for v in domain.values if v not in skip_values]
         return all(value(v) for v in seen)
 
     def fused_pairs(self) -> dict[int, list[tuple[str, str]]]:

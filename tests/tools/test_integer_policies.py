@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from codec_tosa.precision_search import sqnr_db
+from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import delegate_payload, delegates, inspect_pte
 from codec_tosa.serialization.tosa_stats import iter_constants, rescale_neighbours, tosa_stats
 from codec_tosa.simulation import simulate
@@ -284,9 +286,6 @@ def test_a_relu_whose_domain_holds_negative_values_is_not_folded(tmp_path: Path)
     _passes(pte)
     ops = tosa_stats(delegate_payload(pte.read_bytes())).operators_by_type
     assert ops.get("CLAMP") == 1, ops
-    from codec_tosa.precision_search import sqnr_db
-    from codec_tosa.runtime.executorch_runner import run_pte
-
     for seed in range(3):
         held_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(100 + seed))
         (out,) = run_pte(pte.read_bytes(), [held_out])
