@@ -23,7 +23,14 @@ Per model and Ethos-U target, every flow gets the same module, calibration and h
   agreement with FP32 on the search inputs, as the budget (1.0: every one agrees);
 * ``ours-deploy+w4`` (trained models): the same metric on deployment-like search data
   (`deployment_data`: 64 clean and 128 noisy training images, neither test set), held
-  to all-INT8's own agreement there (no worse than a8w8 on the user's data).
+  to all-INT8's own agreement there (no worse than a8w8 on the user's data);
+* ``ours-int8+gptq``, ``ours-int16+gptq``, ``ours-int8w4+gptq``: the fixed widths with
+  ``weight_rounding="gptq"`` (docs/DESIGN.md, "Weight rounding"), rounded on fresh search
+  data (`fresh_search_inputs`: inputs neither calibrated on nor held out);
+* ``ours-auto+gptq@a16w8``: ``precision="auto"`` with GPTQ, the budget stock a16w8's own
+  SQNR on that fresh data (its converted PT2E module's): "as accurate as a16w8";
+* ``ours-w4+gptq@a8w8``: ``weights="auto"`` with GPTQ, held to stock a8w8's SQNR there;
+* ``ours-deploy+w4+gptq`` (trained models): ``ours-deploy+w4`` with GPTQ.
 
 Columns: Vela's cycles, SRAM used, off-chip bytes and encoded weight bytes
 (`total_npu_encoded_weights`: what INT4 weights cut); the TOSA Vela was given: operators,
@@ -75,6 +82,10 @@ IMAGES = 100  # trained models: the first 100 test images of each set (clean, no
 HELD_OUT_SEED = 4242
 CALIBRATION = 16
 SEARCH_INPUTS = 16  # the search scores widths on the first 16 calibration inputs
+# the GPTQ flows' search data instead: 16 inputs neither calibrated on nor held out
+# (random-weight models: this seed's; trained: `deployment_data`), so that neither
+# the rounding nor the score sees the ranges' own data
+FRESH_SEED = 5151
 
 
 # --------------------------------------------------------------------------- data
@@ -98,6 +109,17 @@ def load(model: str) -> tuple[torch.nn.Module, tuple, list[tuple], list[tuple], 
     reestimate_batch_norms(module, example)
     calib = [example] + random_calibration(example, CALIBRATION - 1, 0)
     return module.eval(), example, calib, random_calibration(example, HELD_OUT, HELD_OUT_SEED), {}
+
+
+def fresh_search_inputs(model: str, example: tuple) -> list[tuple]:
+    """The GPTQ flows' search (and rounding) data: FRESH_SEED's inputs; on a trained
+    model, the deployment-like training images (`deployment_data`), since its held-out
+    inputs are half noisy."""
+    if model in TRAINED:
+        return deployment_data()
+    from codec_tosa.calibration import random_calibration
+
+    return random_calibration(example, SEARCH_INPUTS, FRESH_SEED)
 
 
 # --------------------------------------------------------------------------- flows
@@ -137,6 +159,24 @@ def _searched(quantizer: Any, module: torch.nn.Module, example: tuple, calib: li
         t = time.perf_counter()
         quantizer.choose_precision(prepared, search if search is not None else calib[:SEARCH_INPUTS])
     return prepared, time.perf_counter() - t
+
+
+def _stock_score(target: str, config: str, module: torch.nn.Module, example: tuple,
+                 calib: list[tuple], search: list[tuple]) -> float:
+    """Stock `config`'s accuracy where the search sees it: the SQNR (`sqnr_db`) of its
+    converted PT2E module against FP32 on `search` (the budget that asks
+    "as accurate as stock" in the search's own terms; the artefact is not run)."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    from codec_tosa.precision_search import _batched, sqnr_db
+    from codec_tosa.pytrees import tensor_leaves
+
+    prepared, _ = _searched(_stock_quantizer(target, config), module, example, calib, auto=False)
+    with torch.no_grad():
+        converted = convert_pt2e(prepared)
+        got = _batched([tensor_leaves(converted(*x)) for x in search])
+        ref = _batched([tensor_leaves(module(*x)) for x in search])
+    return sqnr_db(ref, got)
 
 
 def _lower(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], target: str,
@@ -364,14 +404,14 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
             record("ours-top1+w4", top1_w4)
             # the same on deployment-like data (clean and noisy training images, neither
             # test set), held to all-INT8's own agreement there: no worse than a8w8
-            def deploy_w4() -> tuple[dict[str, Any], dict[str, Any]]:
+            def deploy_w4(rounding: str = "nearest") -> tuple[dict[str, Any], dict[str, Any]]:
                 deploy = deployment_data()
                 floor = CodecQuantizer(CodecSpec(policy="I", target=target, weights="auto", metric=top1_agreement,
-                                                 budget=2.0))  # out of reach: every weight INT8, and its score
+                                                 budget=2.0, weight_rounding=rounding))  # every weight INT8
                 _searched(floor, module, example, calib, search=deploy)
                 b = floor.search_result.score
                 q = CodecQuantizer(CodecSpec(policy="I", target=target, weights="auto", metric=top1_agreement,
-                                             budget=b))
+                                             budget=b, weight_rounding=rounding))
                 low = _lower(q, module, example, calib, target, auto=True, search=deploy)
                 r = q.search_result
                 return low, {"budget": f"top-1 agreement >= all-INT8's ({b:.4f}) on {len(deploy)} clean+noisy "
@@ -379,6 +419,39 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                              "search_evaluations": r.evaluations,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
             record("ours-deploy+w4", deploy_w4)
+        # GPTQ-rounded weights (`weight_rounding`): the fixed widths, then the searches
+        # held to stock's own accuracy on the search data
+        fresh = fresh_search_inputs(model, example)
+        for flow, precision, weights in (("int8", "int8", "int8"), ("int16", "int16", "int8"),
+                                         ("int8w4", "int8", "int4")):
+            def gptq(p: str = precision, w: str = weights) -> tuple[dict[str, Any], dict[str, Any]]:
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p, weights=w,
+                                             weight_rounding="gptq"))
+                low = _lower(q, module, example, calib, target, auto=True, search=fresh)
+                return low, {"steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
+            record(f"ours-{flow}+gptq", gptq)
+        stock_scores: dict[str, float] = {}
+
+        def stock_score(config: str) -> float:
+            if config not in stock_scores:
+                stock_scores[config] = _stock_score(target, config, module, example, calib, fresh)
+            return stock_scores[config]
+        for config, precision, weights in (("a16w8", "auto", "int8"), ("a8w8", "int8", "auto")):
+            # activations searched against a16w8's accuracy; weights against a8w8's
+            def held_to_stock(c: str = config, p: str = precision, w: str = weights
+                              ) -> tuple[dict[str, Any], dict[str, Any]]:
+                b = stock_score(c)
+                q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p, weights=w, budget=b,
+                                             weight_rounding="gptq"))
+                low = _lower(q, module, example, calib, target, auto=True, search=fresh)
+                r = q.search_result
+                return low, {"budget": f"stock {c}'s search-data SQNR", "budget_db": b, "search_score_db": r.score,
+                             "int16_domains": len(r.to_json()["int16_domains"]), "domains": len(r.precisions),
+                             "search_evaluations": r.evaluations, "search_cycles": r.cycles,
+                             "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
+            record(f"ours-{'auto' if precision == 'auto' else 'w4'}+gptq@{config}", held_to_stock)
+        if labels:
+            record("ours-deploy+w4+gptq", lambda: deploy_w4("gptq"))
         if hand:
             record("stock-a8w8+hand", lambda: (_lower(_stock_quantizer(target, "a8w8", hand), module, example, calib,
                                                       target), {"a16w8_modules": hand}))
@@ -449,7 +522,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
         ok = [r for r in rows if "error" not in r]
         for label, flows in (("ours (int8, auto, int16)", lambda f: f in ("ours-int8", "ours-int16")
                               or f.startswith("ours-auto@")),
-                             ("ours, int4 weights searched", lambda f: f == "ours-int8w4" or f.startswith("ours-auto+w4@"))):
+                             ("ours, int4 weights searched", lambda f: f == "ours-int8w4" or f.startswith("ours-auto+w4@")),
+                             ("ours, GPTQ-rounded weights", lambda f: f in ("ours-int8+gptq", "ours-int16+gptq",
+                                                                            "ours-auto+gptq@a16w8"))):
             ours = sorted((r for r in ok if flows(r["flow"])), key=lambda r: r["cycles_total"])
             ax.plot([r["cycles_total"] for r in ours], [r["sqnr_db"] for r in ours], "o-", label=label)
         for r in ok:

@@ -171,6 +171,9 @@ class WeightObserver(ObserverBase):
         self.bits = bits
         self.weight: torch.Tensor | None = None
         self.fake = False  # forward fake-quantises the weight (the precision search)
+        # width -> the weight as `weight_rounding.round_weights` rounded it (scale x code);
+        # empty: nearest rounding
+        self.rounded: dict[int, torch.Tensor] = {}
 
     @property
     def bits(self) -> int:
@@ -185,6 +188,8 @@ class WeightObserver(ObserverBase):
         self.quant_min, self.quant_max = weight_range(bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fake and self._bits in self.rounded:
+            return self.rounded[self._bits]
         if self.fake:
             scales = self.scales().double()
             zeros = torch.zeros(len(scales), dtype=torch.int32)
@@ -192,13 +197,15 @@ class WeightObserver(ObserverBase):
                 return torch.fake_quantize_per_tensor_affine(x, float(scales[0]), 0, self.quant_min, self.quant_max)
             return torch.fake_quantize_per_channel_affine(x, scales.float(), zeros, self.ch_axis % x.dim(),
                                                           self.quant_min, self.quant_max)
-        self.weight = x.detach()  # a constant: the last one seen is the one
+        if not self.rounded:  # rounded: `x` may be a rounded weight, not the one the scales are of
+            self.weight = x.detach()  # a constant: the last one seen is the one
         return x
 
-    def scales(self) -> torch.Tensor:
+    def scales(self, bits: int | None = None) -> torch.Tensor:
+        """The per-channel scales at `bits` (default: the observer's width)."""
         if self.weight is None:
             raise ValueError("weight observer: the weight was never observed (run calibration first)")
-        codec = INT4_WEIGHT_CODEC if self._bits == 4 else DEFAULT_CODEC
+        codec = INT4_WEIGHT_CODEC if (bits or self._bits) == 4 else DEFAULT_CODEC
         if self.ch_axis is None:
             return codec.learn_weight(self.weight.reshape(1, -1), axis=0).scales
         return codec.learn_weight(self.weight, axis=self.ch_axis).scales

@@ -88,6 +88,7 @@ from codec_tosa.placement.plan import Domain
 from codec_tosa.placement.semantics import CODE, WEIGHT
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.precision import (
+    BITS4,
     BITS8,
     BITS16,
     DomainPrecision,
@@ -99,7 +100,8 @@ from codec_tosa.precision import (
     int4_weights,
     int16_groups,
 )
-from codec_tosa.spec import AUTO, CodecSpec
+from codec_tosa.spec import AUTO, GPTQ, INT8, CodecSpec
+from codec_tosa.weight_rounding import apply_rounded
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
 _Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
@@ -147,6 +149,9 @@ class CodecQuantizer(Quantizer):
         self._chosen: list[DomainPrecision] | None = None  # the precision search's widths
         self._chosen_weights: list[WeightPrecision] | None = None
         self.search_result: Any = None  # precision_search.SearchResult, after `choose_precision`
+        # at weight_rounding gptq, after `choose_precision`: operator node -> why its
+        # weight kept nearest rounding
+        self.rounding_skipped: dict[str, str] = {}
 
     # ---- Quantizer interface ---------------------------------------------
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -231,15 +236,25 @@ class CodecQuantizer(Quantizer):
         """At ``precision="auto"`` (or ``weights="auto"``): search each domain's (and
         weight's) width under the spec's budget on `data` (input tuples; the calibration
         data), then set it on `prepared`'s observers, so that ``convert_pt2e(prepared)``
-        builds the mixed-precision program. Call it between calibration and convert_pt2e;
-        returns the domains' widths and why each was chosen (`weight_precisions`: the
-        weights')."""
+        builds the mixed-precision program. At ``weight_rounding="gptq"``, first round
+        the weights on `data` (`weight_rounding`), whatever the widths. Call it between
+        calibration and convert_pt2e; returns the domains' widths and why each was
+        chosen (`weight_precisions`: the weights')."""
         from codec_tosa.precision_search import search
+        from codec_tosa.weight_rounding import round_weights
 
         a = self._require()
+        if not self.spec.after_calibration:
+            raise ValueError(f"choose_precision: precision is {self.spec.precision!r}, weights "
+                             f"{self.spec.weights!r} and weight_rounding {self.spec.weight_rounding!r}: "
+                             "the widths are fixed at annotation and the rounding is nearest")
+        if self.spec.weight_rounding == GPTQ:
+            widths = (BITS8,) if self.spec.weights == INT8 else (BITS8, BITS4)
+            self.rounding_skipped = round_weights(prepared, list(data), widths)
         if not self.spec.searched:
-            raise ValueError(f"choose_precision: precision is {self.spec.precision!r} and weights "
-                             f"{self.spec.weights!r}, neither 'auto'; the widths are fixed at annotation")
+            self.set_widths(prepared, {p.domain: p.bits for p in a.precisions},
+                            {w.op: w.bits for w in a.weight_precisions})
+            return list(a.precisions)
         result = search(self, prepared, data)
         self.search_result = result
         self._chosen, self._chosen_weights = result.precisions, result.weights
@@ -290,6 +305,7 @@ class CodecQuantizer(Quantizer):
                 changed = True
         if changed:
             prepared.recompile()
+        apply_rounded(prepared)  # each rounded weight as its width rounds it
 
     @property
     def derived_rows(self) -> tuple[str, ...]:
@@ -320,7 +336,9 @@ class CodecQuantizer(Quantizer):
         a = self._require()
         replay = copy.copy(self)  # annotates the copy as this one did, with these observers
         replay._reuse, replay._observers = dict(self._observers), {}
-        return convert_pt2e(prepare_pt2e(copy.deepcopy(a.fp32), replay))
+        prepared = prepare_pt2e(copy.deepcopy(a.fp32), replay)
+        apply_rounded(prepared)
+        return convert_pt2e(prepared)
 
     def planned(self, quantized: ExportedProgram, partitioner: Partitioner,
                 materialized: ExportedProgram | None = None) -> PlannedProgram:

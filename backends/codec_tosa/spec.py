@@ -38,6 +38,11 @@ PRECISIONS = (INT8, INT16, AUTO)
 # (Arm's a8w4), or what the search chooses under `budget`
 INT4 = "int4"
 WEIGHT_PRECISIONS = (INT8, INT4, AUTO)
+# How a weight's codes are picked at its codec's scales (`codec_tosa.weight_rounding`):
+# each element to the nearest code, or GPTQ's error-compensating order on the data
+# `CodecQuantizer.choose_precision` is given
+NEAREST, GPTQ = "nearest", "gptq"
+WEIGHT_ROUNDINGS = (NEAREST, GPTQ)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class CodecSpec:
     # weight precision (WEIGHT_PRECISIONS): int4 where Arm lowers it (`Row.int4`)
     weights: str = INT8
     budget: float | None = None
+    # WEIGHT_ROUNDINGS: gptq needs `choose_precision` between calibration and convert
+    weight_rounding: str = NEAREST
     metric: Callable[[list[torch.Tensor], list[torch.Tensor]], float] | None = None
 
     def __post_init__(self) -> None:
@@ -89,6 +96,12 @@ class CodecSpec:
             object.__setattr__(self, "observer", HISTOGRAM)
         if self.observer not in OBSERVERS:
             raise ValueError(f"unknown observer {self.observer!r}: expected one of {', '.join(OBSERVERS)}")
+        if self.weight_rounding not in WEIGHT_ROUNDINGS:
+            raise ValueError(f"unknown --weight-rounding {self.weight_rounding!r}: expected one of "
+                             f"{', '.join(WEIGHT_ROUNDINGS)}")
+        if self.weight_rounding == GPTQ and self.policy != INTEGER_POLICY:
+            raise ValueError(f"--weight-rounding {GPTQ}: the weights are integer codes at --policy "
+                             f"{INTEGER_POLICY} only (got policy {self.policy})")
         if self.target not in TARGETS and not self.ethos_u:
             raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
                              "accelerator such as ethos-u55-128 or ethos-u85-256")
@@ -149,6 +162,12 @@ class CodecSpec:
     def mixed_precision(self) -> bool:
         """Some domain may be INT16 (the delegate needs TOSA's int16 extension)."""
         return self.precision != INT8 or bool(self.int16_domains)
+
+    @property
+    def after_calibration(self) -> bool:
+        """`CodecQuantizer.choose_precision` must run between calibration and convert:
+        a width is searched, or the weights are GPTQ-rounded."""
+        return self.searched or self.weight_rounding == GPTQ
 
     @property
     def searched(self) -> bool:

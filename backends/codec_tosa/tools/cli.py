@@ -109,7 +109,8 @@ def _spec(args: argparse.Namespace):
                      target=getattr(args, "target", "tosa"), observer=getattr(args, "observer", None),
                      precision=getattr(args, "precision", "int8"), budget=getattr(args, "budget", None),
                      int16_domains=getattr(args, "int16_domains", ()) or (),
-                     weights=getattr(args, "weights", "int8"))
+                     weights=getattr(args, "weights", "int8"),
+                     weight_rounding=getattr(args, "weight_rounding", "nearest"))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -226,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="convolution and linear weights at --policy I: int8 (default); int4 wherever Arm "
                         "lowers it (as Arm's a8w4; weights read by an int16 domain stay int8); auto: each "
                         "weight's width, searched with the domains' under --budget")
+    c.add_argument("--weight-rounding", choices=("nearest", "gptq"), default="nearest",
+                   help="how weight codes are picked at --policy I: nearest (default, as Arm's quantizers); "
+                        "gptq: in the order that cuts each convolution's and linear's output error on the "
+                        "calibration data (same scales, same bytes)")
     c.add_argument("--budget", type=_decibels,
                    help="with --precision auto or --weights auto: the SQNR floor against FP32, e.g. 30dB")
     c.add_argument("--int16-domains", type=_domains,

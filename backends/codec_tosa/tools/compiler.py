@@ -174,7 +174,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     from codec_tosa import arm_adapter
     from codec_tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
     from codec_tosa.quantizer import CodecQuantizer, decomposed_for
-    from codec_tosa.spec import INT8, XNNPACK_TARGET
+    from codec_tosa.spec import INT8, NEAREST, XNNPACK_TARGET
 
     if spec.ethos_u:
         arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
@@ -189,7 +189,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     with torch.no_grad():
         for inputs in calibration:
             prepared(*inputs)
-    if spec.searched:  # each domain's (and weight's) width, under the budget, before convert
+    if spec.after_calibration:  # widths under the budget, GPTQ-rounded weights: before convert
         search_data = list(calibration) + held_out_inputs(calibration[0], SEARCH_SAMPLES, SEARCH_SEED)
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
@@ -232,7 +232,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
-    if spec.mixed_precision or spec.weights != INT8:
+    if spec.mixed_precision or spec.weights != INT8 or spec.weight_rounding != NEAREST:
         report["precision"] = precision_report(quantizer)
     if runs:
         from codec_tosa.vela_summary import vela_report
@@ -254,7 +254,9 @@ def precision_report(quantizer: Any) -> dict[str, Any]:
                            "int16_domains": sum(1 for p in quantizer.precisions if p.bits == BITS16),
                            "domains": domains, "weights_mode": quantizer.spec.weights,
                            "int4_weights": sum(1 for w in quantizer.weight_precisions if w.bits == BITS4),
-                           "weights": [w.to_json() for w in quantizer.weight_precisions]}
+                           "weights": [w.to_json() for w in quantizer.weight_precisions],
+                           "weight_rounding": quantizer.spec.weight_rounding,
+                           "not_rounded": dict(quantizer.rounding_skipped)}
     result = getattr(quantizer, "search_result", None)
     if result is not None:
         out["search"] = result.to_json()

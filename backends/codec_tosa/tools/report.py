@@ -200,6 +200,11 @@ def precision_lines(precision: dict[str, Any], table: Table) -> list[str]:
         n4 = sum(1 for w in weights if w["bits"] == 4)
         lines.append(f"weight precision ({precision.get('weights_mode')}): {n4} of {len(weights)} "
                      "int4-capable weights int4")
+    if precision.get("weight_rounding", "nearest") != "nearest":
+        skipped = precision.get("not_rounded", {})
+        lines.append(f"weight rounding: {precision['weight_rounding']}"
+                     + (f"; nearest for {len(skipped)} operators: " + "; ".join(
+                         f"{k} ({v})" for k, v in sorted(skipped.items())) if skipped else ", every weight"))
     search = precision.get("search")
     if search:
         unit = " dB" if search["metric"] == "sqnr_db" else ""
