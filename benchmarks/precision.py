@@ -507,6 +507,42 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def goals(data: dict[str, Any], target: str = "ethos-u85-256") -> str:
+    """Issue 25's goals on `target`, from the GPTQ flows: each against the stock point it
+    is held to (SQNR in dB on the held-out inputs; disagreements clean/noisy)."""
+    head = ["model", "int8+gptq: x a8w8 cycles, dB vs a8w8", "int16+gptq: dB vs a16w8",
+            "auto+gptq@a16w8: % of a16w8 cycles, dB vs a16w8", "w4+gptq@a8w8: weight bytes, dB vs a8w8",
+            "deploy+w4+gptq: weight bytes, disagree (a8w8's)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, targets in data["models"].items():
+        rows = {r["flow"]: r for r in targets.get(target, []) if "error" not in r}
+        a8, a16 = rows.get("stock-a8w8"), rows.get("stock-a16w8")
+        if a8 is None or not any(f.endswith("gptq") or "gptq@" in f for f in rows):
+            continue
+
+        def cell(flow: str, stock: dict[str, Any] | None, what: str) -> str:
+            r = rows.get(flow)
+            if r is None or stock is None:
+                return ""
+            db = f"{r['sqnr_db'] - stock['sqnr_db']:+.1f}"
+            if what == "cycles":
+                return f"{r['cycles_total'] / stock['cycles_total']:.3f}x, {db}"
+            if what == "share":
+                return f"{100 * r['cycles_total'] / stock['cycles_total']:.1f}%, {db}"
+            if what == "bytes":
+                return f"{100 * (r['weight_bytes'] / stock['weight_bytes'] - 1):+.1f}%, {db}"
+            if what == "top1":
+                return (f"{100 * (r['weight_bytes'] / stock['weight_bytes'] - 1):+.1f}%, "
+                        f"{r['clean_disagree']}/{r['noisy_disagree']} ({stock['clean_disagree']}/"
+                        f"{stock['noisy_disagree']})")
+            return db
+        out.append("| " + " | ".join([model, cell("ours-int8+gptq", a8, "cycles"), cell("ours-int16+gptq", a16, "db"),
+                                       cell("ours-auto+gptq@a16w8", a16, "share"),
+                                       cell("ours-w4+gptq@a8w8", a8, "bytes"),
+                                       cell("ours-deploy+w4+gptq", a8, "top1")]) + " |")
+    return "\n".join(out)
+
+
 def plot(data: dict[str, Any], path: Path) -> None:
     """One panel per model and target: ours' frontier (cycles vs SQNR) and the stock points."""
     import matplotlib
@@ -568,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = _load(args.json)
     plot(data, args.json.with_suffix(".png"))
     print(markdown(data))
+    print(goals(data))
     return 0
 
 
