@@ -140,6 +140,7 @@ def round_weights(prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]],
         obs = layer.observer
         assert obs.weight is not None and layer.hessian is not None
         rounded: dict[int, torch.Tensor] = {}
+        factor = inverse_factor(layer.hessian / layer.samples)
         for bits in widths:
             scales = obs.scales(bits).double()
             qmax = weight_range(bits)[1]
@@ -147,7 +148,7 @@ def round_weights(prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]],
             rows = weight.shape[0]
             w = weight.reshape(layer.groups, rows // layer.groups, -1)
             s = (scales.expand(rows) if scales.numel() == 1 else scales).reshape(layer.groups, -1, 1)
-            codes = gptq(w, layer.hessian / layer.samples, s, qmax)
+            codes = gptq_codes(w, factor, s, qmax)
             rounded[bits] = (codes * s).reshape(weight.shape).to(obs.weight.dtype)
         obs.rounded = rounded
     return skipped
@@ -171,25 +172,35 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, scales: torch.Tensor, qmax
     correlation `hessian` [groups, columns, columns] and per-row `scales` [groups, rows, 1]:
     column by column, each column's code the nearest to its error-corrected value, the
     error spread over the later columns through the Cholesky factor of the inverse."""
-    w = weight.clone()
+    return gptq_codes(weight, inverse_factor(hessian), scales, qmax)
+
+
+def inverse_factor(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The upper Cholesky factor of the ridged correlation's inverse, and the inputs
+    that are always zero; None if no ridge up to 100x makes it positive definite.
+    One per layer, whatever the widths rounded with it."""
     h = hessian.clone()
     diag = torch.diagonal(h, dim1=-2, dim2=-1)
     dead = diag == 0  # an input that is always zero: its weights do not matter
     diag[dead] = 1.0
-    w.masked_fill_(dead[:, None, :], 0.0)
-    cols = w.shape[-1]
-    eye = torch.eye(cols, dtype=h.dtype)
-    u = None
+    eye = torch.eye(h.shape[-1], dtype=h.dtype)
     for damping in (DAMPING, DAMPING * 10, DAMPING * 100):
-        damped = h + damping * diag.mean(-1)[:, None, None] * eye
-        factor, info = torch.linalg.cholesky_ex(damped)
+        factor, info = torch.linalg.cholesky_ex(h + damping * diag.mean(-1)[:, None, None] * eye)
         if not bool(info.any()):
             u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(factor), upper=True)
             if not bool(info.any()):
-                break
-            u = None
-    if u is None:  # no positive-definite correlation even damped: round to nearest
+                return u, dead
+    return None
+
+
+def gptq_codes(weight: torch.Tensor, factor: tuple[torch.Tensor, torch.Tensor] | None, scales: torch.Tensor,
+               qmax: int) -> torch.Tensor:
+    """`gptq` given the layer's `inverse_factor` (None: nearest rounding)."""
+    if factor is None:  # no positive-definite correlation even ridged
         return torch.clamp(torch.round(weight / scales), -qmax, qmax)
+    u, dead = factor
+    w = weight.clone().masked_fill_(dead[:, None, :], 0.0)
+    cols = w.shape[-1]
     codes = torch.zeros_like(w)
     s = scales[..., 0]
     for b0 in range(0, cols, BLOCK):
