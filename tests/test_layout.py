@@ -13,7 +13,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("units", "graph", "ops", "rescale", "integer_products", "progress", "pytrees", "vgf"),
     ("commutation", "codecs"),
     ("placement",),
-    ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec", "precision"),
+    ("traffic", "calibration", "observers", "plan_meta", "provenance", "spec", "precision", "weight_rounding"),
     ("_passes",),
     ("analysis", "accounting", "serialization", "arm_private", "arm_pipeline", "arm_adapter", "int8_targets",
      "vela_summary"),
