@@ -56,7 +56,8 @@ class _Layer:
         return int(self.node.args[6]) if str(self.node.target) == _CONV and len(self.node.args) > 6 else 1
 
     def columns(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` as the weight's input columns, [groups, rows of a group's weight, samples]."""
+        """`x` as the samples the weight multiplies: [groups, one group's weight columns
+        (input channels x kernel positions, or input features), samples]."""
         if str(self.node.target) == _LINEAR:
             cols = x.reshape(-1, x.shape[-1]).T
             return cols.unsqueeze(0)
