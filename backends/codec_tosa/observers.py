@@ -218,6 +218,25 @@ class WeightObserver(ObserverBase):
         return scales, zero_points
 
 
+class FakeQuantising:
+    """Every observer of `prepared` fake-quantises at its width for the duration of a
+    `with` block (one forward pass then runs the quantized module), then does what it
+    did before; reusable."""
+
+    def __init__(self, prepared: torch.nn.Module) -> None:
+        self.observers = [m for m in prepared.modules() if isinstance(m, (DomainObserver, WeightObserver))]
+        self._was: list[bool] = []
+
+    def __enter__(self) -> None:
+        self._was = [m.fake for m in self.observers]
+        for m in self.observers:
+            m.fake = True
+
+    def __exit__(self, *_: Any) -> None:
+        for m, fake in zip(self.observers, self._was):
+            m.fake = fake
+
+
 def weight_range(bits: int) -> tuple[int, int]:
     """The code range of a weight at `bits` (what its quantize node says)."""
     qmax = QMAX4 if bits == 4 else QMAX
@@ -235,4 +254,4 @@ def bias_qparams(observers: list[ObserverBase]) -> tuple[torch.Tensor, torch.Ten
     return scales, torch.zeros(len(scales), dtype=torch.int32)
 
 
-__all__ = ["DomainObserver", "INT32_QMAX", "INT32_QMIN", "WeightObserver", "bias_qparams", "weight_range"]
+__all__ = ["DomainObserver", "FakeQuantising", "INT32_QMAX", "INT32_QMIN", "WeightObserver", "bias_qparams", "weight_range"]

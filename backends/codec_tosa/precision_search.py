@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codec_tosa.observers import DomainObserver, WeightObserver
+from codec_tosa.observers import FakeQuantising
 from codec_tosa.precision import (
     BITS4,
     BITS8,
@@ -205,7 +205,7 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     weights_wide = {m for m in everything if space.moves[m][0] == "weight"}
     alone: dict[int, float] = {}  # a group move's score alone; a weight's score at INT4
     rank: dict[int, int] = {}
-    fake = _fake(prepared)
+    fake = FakeQuantising(prepared)
     with fake:
         floor, ceiling = score(set()), score(everything)
         low = score(weights_wide)  # every searched weight INT8
@@ -328,21 +328,6 @@ def _noise(score_db: float) -> float:
 def _batched(runs: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """Each output over all runs, as one tensor."""
     return [torch.cat([r[k].detach().reshape(1, -1).float() for r in runs], dim=1) for k in range(len(runs[0]))]
-
-
-class _fake:
-    """Every observer of `prepared` fake-quantises for the duration (then observes again)."""
-
-    def __init__(self, prepared: torch.fx.GraphModule) -> None:
-        self.observers = [m for m in prepared.modules() if isinstance(m, (DomainObserver, WeightObserver))]
-
-    def __enter__(self) -> None:
-        for m in self.observers:
-            m.fake = True
-
-    def __exit__(self, *_: Any) -> None:
-        for m in self.observers:
-            m.fake = False
 
 
 __all__ = ["SearchResult", "search", "sqnr_db"]

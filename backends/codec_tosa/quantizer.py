@@ -101,7 +101,7 @@ from codec_tosa.precision import (
     int16_groups,
 )
 from codec_tosa.spec import AUTO, GPTQ, INT8, CodecSpec
-from codec_tosa.weight_rounding import apply_rounded
+from codec_tosa.weight_rounding import apply_rounded, round_weights
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
 _Key = Any  # an EdgeOrNode by node names, stable across copies of the graph
@@ -241,7 +241,6 @@ class CodecQuantizer(Quantizer):
         calibration and convert_pt2e; returns the domains' widths and why each was
         chosen (`weight_precisions`: the weights')."""
         from codec_tosa.precision_search import search
-        from codec_tosa.weight_rounding import round_weights
 
         a = self._require()
         if not self.spec.after_calibration:

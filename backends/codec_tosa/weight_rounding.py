@@ -28,8 +28,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx
 
-from codec_tosa.observers import DomainObserver, WeightObserver, weight_range
-from codec_tosa.spec import GPTQ, NEAREST, WEIGHT_ROUNDINGS
+from codec_tosa.observers import FakeQuantising, WeightObserver, weight_range
 
 # the ridge GPTQ adds to the input correlation, as a fraction of its mean diagonal
 # (the paper's 1%): keeps the inverse defined where inputs are collinear
@@ -124,32 +123,22 @@ def round_weights(prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]],
             layers[node.name] = _Layer(node, observer)
     if not layers:
         return skipped
-    per_input = max(MAX_SAMPLES // max(len(data), 1), 1)
-    observers = [m for m in prepared.modules() if isinstance(m, (DomainObserver, WeightObserver))]
-    was = [m.fake for m in observers]
-    try:
-        for m in observers:
-            m.fake = True
-        capture = _Capture(prepared, layers, per_input)
-        with torch.no_grad():
-            for x in data:
-                capture.run(*x)
-    finally:
-        for m, fake in zip(observers, was):
-            m.fake = fake
-    for name, layer in layers.items():
+    capture = _Capture(prepared, layers, max(MAX_SAMPLES // max(len(data), 1), 1))
+    with torch.no_grad(), FakeQuantising(prepared):
+        for x in data:
+            capture.run(*x)
+    for layer in layers.values():
         obs = layer.observer
         assert obs.weight is not None and layer.hessian is not None
-        rounded: dict[int, torch.Tensor] = {}
         factor = inverse_factor(layer.hessian / layer.samples)
+        weight = obs.weight.double()
+        rows = weight.shape[0]
+        w = weight.reshape(layer.groups, rows // layer.groups, -1)
+        rounded: dict[int, torch.Tensor] = {}
         for bits in widths:
             scales = obs.scales(bits).double()
-            qmax = weight_range(bits)[1]
-            weight = obs.weight.double()
-            rows = weight.shape[0]
-            w = weight.reshape(layer.groups, rows // layer.groups, -1)
             s = (scales.expand(rows) if scales.numel() == 1 else scales).reshape(layer.groups, -1, 1)
-            codes = gptq_codes(w, factor, s, qmax)
+            codes = gptq_codes(w, factor, s, weight_range(bits)[1])
             rounded[bits] = (codes * s).reshape(weight.shape).to(obs.weight.dtype)
         obs.rounded = rounded
     return skipped
@@ -237,4 +226,4 @@ def apply_rounded(gm: torch.fx.GraphModule) -> None:
         setattr(owner, name, torch.nn.Parameter(value.clone(), requires_grad=False))
 
 
-__all__ = ["GPTQ", "NEAREST", "WEIGHT_ROUNDINGS", "apply_rounded", "gptq", "round_weights"]
+__all__ = ["apply_rounded", "gptq", "round_weights"]
