@@ -83,10 +83,16 @@ IMAGES = 100  # trained models: the first 100 test images of each set (clean, no
 HELD_OUT_SEED = 4242
 CALIBRATION = 16
 SEARCH_INPUTS = 16  # the search scores widths on the first 16 calibration inputs
-# the GPTQ flows' search data instead: 16 inputs neither calibrated on nor held out
+# the GPTQ flows' search data instead: inputs neither calibrated on nor held out
 # (random-weight models: this seed's; trained: `deployment_data`), so that neither
 # the rounding nor the score sees the ranges' own data
 FRESH_SEED = 5151
+# ... at least 16 of them, and enough for this many output values, at most 256. A
+# classifier's 16 inputs are 32 (MobileNetV1-0.25) or 160 values (ResNet-8): an SQNR
+# known to about a dB, which a greedy search over 40 weights' INT4 tests exploits
+# (ResNet-8's first weight search met a8w8 there and fell 1.0 dB short held out)
+FRESH_VALUES = 2048
+FRESH_MAX = 256
 
 
 # --------------------------------------------------------------------------- data
@@ -112,15 +118,20 @@ def load(model: str) -> tuple[torch.nn.Module, tuple, list[tuple], list[tuple], 
     return module.eval(), example, calib, random_calibration(example, HELD_OUT, HELD_OUT_SEED), {}
 
 
-def fresh_search_inputs(model: str, example: tuple) -> list[tuple]:
-    """The GPTQ flows' search (and rounding) data: FRESH_SEED's inputs; on a trained
-    model, the deployment-like training images (`deployment_data`), since its held-out
-    inputs are half noisy."""
+def fresh_search_inputs(model: str, module: torch.nn.Module, example: tuple) -> list[tuple]:
+    """The GPTQ flows' search (and rounding) data: FRESH_SEED's inputs, as many as
+    FRESH_VALUES asks of `module`'s outputs; on a trained model, the deployment-like
+    training images (`deployment_data`: 1,920 values), since its held-out inputs are
+    half noisy."""
     if model in TRAINED:
         return deployment_data()
     from codec_tosa.calibration import random_calibration
+    from codec_tosa.pytrees import tensor_leaves
 
-    return random_calibration(example, SEARCH_INPUTS, FRESH_SEED)
+    with torch.no_grad():
+        values = sum(t.numel() for t in tensor_leaves(module(*example)))
+    count = min(max(SEARCH_INPUTS, math.ceil(FRESH_VALUES / max(values, 1))), FRESH_MAX)
+    return random_calibration(example, count, FRESH_SEED)
 
 
 # --------------------------------------------------------------------------- flows
@@ -380,6 +391,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                     hand[:] = _module_names(q)
                 return low, {"budget_db": b, "search_score_db": r.score, "int16_domains": len(r.to_json()["int16_domains"]),
                              "domains": len(r.precisions), "search_evaluations": r.evaluations,
+                             "refused_groups": r.refused_groups,
                              "search_lowerings": r.lowerings, "search_cycles": r.cycles,
                              "steps_vs_simulation": _simulation_steps(q, low, tests)}
             record(f"ours-auto@{budget:g}", auto)
@@ -391,6 +403,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                 r = q.search_result
                 return low, {"budget_db": b, "search_score_db": r.score, "int16_domains": len(r.to_json()["int16_domains"]),
                              "domains": len(r.precisions), "search_evaluations": r.evaluations,
+                             "refused_groups": r.refused_groups,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
             record(f"ours-auto+w4@{budget:g}", auto_w4)
         if labels:  # trained: INT4 weights wherever FP32's top-1 holds on the search data
@@ -422,7 +435,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
             record("ours-deploy+w4", deploy_w4)
         # GPTQ-rounded weights (`weight_rounding`): the fixed widths, then the searches
         # held to stock's own accuracy on the search data
-        fresh = fresh_search_inputs(model, example)
+        fresh = fresh_search_inputs(model, module, example)
         for flow, precision, weights in (("int8", "int8", "int8"), ("int16", "int16", "int8"),
                                          ("int8w4", "int8", "int4")):
             def gptq(p: str = precision, w: str = weights) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -452,6 +465,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                              "budget_db": b, "search_score_db": r.score,
                              "int16_domains": len(r.to_json()["int16_domains"]), "domains": len(r.precisions),
                              "search_evaluations": r.evaluations, "search_cycles": r.cycles,
+                             "refused_groups": r.refused_groups,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
             record(f"ours-{'auto' if precision == 'auto' else 'w4'}+gptq@{config}" + (f"-{slack:g}" if slack else ""),
                    held_to_stock)

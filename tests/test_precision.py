@@ -424,6 +424,47 @@ def test_on_ethos_u_the_search_prices_each_group_in_vela_cycles(monkeypatch):
     assert all("per byte" in p.why for p in t.precisions if p.bits == BITS16)
 
 
+def _vela_refusing(monkeypatch, calls: set[int]) -> None:
+    """Arm's Vela call, refusing the given calls (1 = the first) as Vela does on U55-128
+    with MobileNetV2's int16 convolutions (benchmarks/RESULTS.md); the others compile."""
+    from executorch.backends.arm.ethosu import backend as ethosu_backend
+
+    real, made = ethosu_backend.vela_compile, [0]
+
+    def vela_compile(*args, **kwargs):
+        made[0] += 1
+        if made[0] in calls:
+            raise RuntimeError("Non-passthrough operation (Conv2D) could not run on NPU")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ethosu_backend, "vela_compile", vela_compile)
+
+
+@pytest.mark.slow  # four or five lowerings with Vela, about 12 s each here
+def test_a_group_vela_refuses_at_int16_stays_int8_and_says_why(monkeypatch):
+    """Where Vela refuses a group alone at INT16 (the second lowering: the first group's
+    price), the search leaves that group INT8, names Vela's error in its domains'
+    reasons, searches the rest (its ceiling no longer counts the group), and the
+    chosen widths lower. Where Vela refuses all-INT8, the search says so in one line."""
+    target = "ethos-u85-256"
+    _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, target=target)
+    probe = _search(quantizer, prepared, data, 0.0)
+    groups = quantizer.int16_groups.groups
+    assert len(groups) >= 2
+    _vela_refusing(monkeypatch, {2})
+    r = _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+    assert r.refused_groups == 1 and r.cycles is not None and r.vela_target == target
+    refused = {p.domain: p for p in r.precisions if p.domain in groups[0]}
+    assert refused and all(p.bits == BITS8 for p in refused.values())
+    assert all(f"Vela refuses this group at int16 on {target} (Non-passthrough operation (Conv2D)" in p.why
+               for p in refused.values())
+    assert r.ceiling_score < probe.ceiling_score  # every move but the refused group's
+    assert all("Vela refuses" not in p.why for p in r.precisions if p.domain not in groups[0])
+    _vela_refusing(monkeypatch, {1})
+    _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, target=target)
+    with pytest.raises(ValueError, match=f"^precision search: Vela refuses the model with every domain INT8 on "
+                                         f"{target}: Non-passthrough operation"):
+        _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+
 def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
     out = tmp_path / "auto"
     model = f"{Path(small_models.__file__)}:mobile_block"

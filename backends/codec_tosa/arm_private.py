@@ -230,11 +230,13 @@ def graph_owned_constants_marked() -> Iterator[None]:
 class VelaRun:
     """One Vela compilation inside EthosUBackend: the TOSA it was given, the
     directory holding Vela's own output (``out.tosa``, ``output/*summary*.csv``)
-    and what Vela printed (its operator counts, or why it refused)."""
+    and what Vela printed (its operator counts, or why it refused); `refused` is
+    the error Vela raised, "" if it compiled."""
 
     tosa: bytes
     directory: str
     log: str = ""
+    refused: str = ""
 
 
 @contextmanager
@@ -261,6 +263,9 @@ def vela_runs_kept(directory: str) -> Iterator[list[VelaRun]]:
         try:
             with redirect_stdout(printed):
                 return compile_fn(tosa_flatbuffer, args, verbose=verbose, intermediate_path=path, **kwargs)
+        except Exception as e:
+            run.refused = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise
         finally:
             run.log = printed.getvalue()
 

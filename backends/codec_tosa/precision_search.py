@@ -22,7 +22,8 @@ cycles of the model lowered with that group alone at INT16, less those of all-IN
 break ties. Per byte, Ethos-U's price of a group varies several times over, since
 int16 MACs run at half rate and an INT16 convolution no longer fuses its RESCALE.
 Weights stay priced in bytes: INT4 weights cut Vela's encoded weights and leave
-U85's cycles as they are (benchmarks/RESULTS.md, "INT4 weights").
+U85's cycles as they are (benchmarks/RESULTS.md, "INT4 weights"). A group Vela
+refuses at INT16 (MobileNetV2 on U55-128) stays INT8 and is not searched.
 
 The steps:
 
@@ -101,6 +102,7 @@ class SearchResult:
     lowerings: int = 0
     lowering_seconds: float = 0.0
     priced_in_bytes: str = ""  # on Ethos-U: why the groups were priced in bytes after all
+    refused_groups: int = 0  # on Ethos-U: groups left INT8 because Vela refuses them at INT16
 
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "metric": self.metric, "met": self.met,
@@ -109,6 +111,7 @@ class SearchResult:
                 "evaluations": self.evaluations, "vela_target": self.vela_target, "cycles": self.cycles,
                 "int8_cycles": self.int8_cycles, "lowerings": self.lowerings,
                 "lowering_seconds": round(self.lowering_seconds, 1), "priced_in_bytes": self.priced_in_bytes,
+                "refused_groups": self.refused_groups,
                 "int16_domains": [p.domain for p in self.precisions if p.bits == BITS16],
                 "int4_weights": [w.name for w in self.weights if w.bits == BITS4]}
 
@@ -216,15 +219,28 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     price = list(cost)
     priced_in_bytes = ""  # why an Ethos-U search fell back to bytes
     spent: tuple[int, float] = (0, 0.0)  # lowerings, and their seconds
+    refused: dict[int, str] = {}  # group moves Vela refuses at INT16: why
     if vela is not None:
         base = vela(*widths(frozenset(weights_wide)))
+        if base is None:
+            raise ValueError(f"precision search: Vela refuses the model with every domain INT8 on {spec.target}: "
+                             f"{vela.refusal(*widths(frozenset(weights_wide)))}")
         if vela.seconds * (len(groups) + 1) > PRICING_SECONDS:
             priced_in_bytes = (f"{len(groups)} groups priced in bytes: pricing them in Vela cycles would take "
                                f"{len(groups) + 1} more lowerings of {vela.seconds:.0f} s")
             spent, vela = (vela.lowerings, vela.seconds), None
         else:
             for m in groups:
-                price[m] = max(vela(*widths(frozenset(weights_wide | {m}))) - base, 0)
+                cycles_m = vela(*widths(frozenset(weights_wide | {m})))
+                if cycles_m is None:
+                    refused[m] = vela.refusal(*widths(frozenset(weights_wide | {m})))
+                else:
+                    price[m] = max(cycles_m - base, 0)
+    if refused:  # those groups stay INT8: the rest is searched as if they were not there
+        groups = [m for m in groups if m not in refused]
+        everything -= set(refused)
+        with fake:
+            ceiling = score(everything)
     with fake:
         # 1. the domains, with every searched weight INT8
         if low >= budget or not groups:
@@ -245,6 +261,10 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     cycles = int8_cycles = None
     if vela is not None:
         cycles = vela(*widths(frozenset(chosen)))
+        if cycles is None:  # each chosen group lowers alone, not all of them together
+            raise ValueError(f"precision search: Vela refuses the chosen widths on {spec.target} "
+                             f"({vela.refusal(*widths(frozenset(chosen)))}), though it lowers each of "
+                             f"their int16 groups alone; try another budget or target")
         int8_cycles = vela(*widths(frozenset(chosen) - frozenset(groups)))
         spent = (vela.lowerings, vela.seconds)
     unit = "" if spec.metric else " dB"
@@ -258,6 +278,8 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
             return f"{narrow}: the budget holds with it ({alone[m]:.1f}{unit}; {cost[m]} bytes saved)"
         if low >= budget:
             return f"{narrow}: int8 domains meet the budget ({low:.1f}{unit} >= {budget:g}{unit})"
+        if m in refused:
+            return f"{narrow}: Vela refuses this group at {wide} on {spec.target} ({refused[m]})"
         if ceiling < budget:
             return f"{wide}: the budget is out of reach (every move {ceiling:.1f}{unit} < {budget:g}{unit})"
         verdict = wide if m in chosen else f"{narrow}: the budget holds without it"
@@ -290,7 +312,7 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
                         getattr(spec.metric, "__name__", "metric") if spec.metric else "sqnr_db",
                         floor, ceiling, final, space.cost(frozenset(chosen)), space.cost(frozenset(everything)),
                         len(scores), final >= budget, spec.target if vela else None, cycles, int8_cycles,
-                        *spent, priced_in_bytes)
+                        *spent, priced_in_bytes, len(refused))
 
 
 def _prefix_then_prune(moves: list[int], price: list[int], tie: list[int], floor: float, budget: float,
