@@ -459,11 +459,13 @@ def test_a_group_vela_refuses_at_int16_stays_int8_and_says_why(monkeypatch):
                for p in refused.values())
     assert r.ceiling_score < probe.ceiling_score  # every move but the refused group's
     assert all("Vela refuses" not in p.why for p in r.precisions if p.domain not in groups[0])
+    monkeypatch.undo()  # Arm's own call again, counted afresh
     _vela_refusing(monkeypatch, {1})
     _, _, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, target=target)
     with pytest.raises(ValueError, match=f"^precision search: Vela refuses the model with every domain INT8 on "
                                          f"{target}: Non-passthrough operation"):
         _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+
 
 def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
     out = tmp_path / "auto"

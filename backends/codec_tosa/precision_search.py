@@ -221,19 +221,21 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     spent: tuple[int, float] = (0, 0.0)  # lowerings, and their seconds
     refused: dict[int, str] = {}  # group moves Vela refuses at INT16: why
     if vela is not None:
-        base = vela(*widths(frozenset(weights_wide)))
+        int8_widths = widths(frozenset(weights_wide))
+        base = vela(*int8_widths)
         if base is None:
             raise ValueError(f"precision search: Vela refuses the model with every domain INT8 on {spec.target}: "
-                             f"{vela.refusal(*widths(frozenset(weights_wide)))}")
+                             f"{vela.refusal(*int8_widths)}")
         if vela.seconds * (len(groups) + 1) > PRICING_SECONDS:
             priced_in_bytes = (f"{len(groups)} groups priced in bytes: pricing them in Vela cycles would take "
                                f"{len(groups) + 1} more lowerings of {vela.seconds:.0f} s")
             spent, vela = (vela.lowerings, vela.seconds), None
         else:
             for m in groups:
-                cycles_m = vela(*widths(frozenset(weights_wide | {m})))
+                alone_widths = widths(frozenset(weights_wide | {m}))
+                cycles_m = vela(*alone_widths)
                 if cycles_m is None:
-                    refused[m] = vela.refusal(*widths(frozenset(weights_wide | {m})))
+                    refused[m] = vela.refusal(*alone_widths)
                 else:
                     price[m] = max(cycles_m - base, 0)
     if refused:  # those groups stay INT8: the rest is searched as if they were not there
@@ -260,10 +262,11 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         final = score(chosen)
     cycles = int8_cycles = None
     if vela is not None:
-        cycles = vela(*widths(frozenset(chosen)))
+        chosen_widths = widths(frozenset(chosen))
+        cycles = vela(*chosen_widths)
         if cycles is None:  # each chosen group lowers alone, not all of them together
             raise ValueError(f"precision search: Vela refuses the chosen widths on {spec.target} "
-                             f"({vela.refusal(*widths(frozenset(chosen)))}), though it lowers each of "
+                             f"({vela.refusal(*chosen_widths)}), though it lowers each of "
                              f"their int16 groups alone; try another budget or target")
         int8_cycles = vela(*widths(frozenset(chosen) - frozenset(groups)))
         spent = (vela.lowerings, vela.seconds)
