@@ -30,6 +30,9 @@ Per model and Ethos-U target, every flow gets the same module, calibration and h
 * ``ours-auto+gptq@a16w8``: ``precision="auto"`` with GPTQ, the budget stock a16w8's own
   SQNR on that fresh data (its converted PT2E module's): "as accurate as a16w8";
   ``@a16w8-0.5``: 0.5 dB below it (the issue's line);
+* ``ours-split+gptq@a16w8``, ``@a16w8-0.5``: the same with ``split_chains=True``: a chain
+  of convolutions may change width at a convolution's input (docs/DESIGN.md, "Precision
+  per domain");
 * ``ours-w4+gptq@a8w8``: ``weights="auto"`` with GPTQ, held to stock a8w8's SQNR there;
 * ``ours-deploy+w4+gptq`` (trained models): ``ours-deploy+w4`` with GPTQ.
 
@@ -450,25 +453,28 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
             if config not in stock_scores:
                 stock_scores[config] = _stock_score(target, config, module, example, calib, fresh)
             return stock_scores[config]
-        for config, slack, precision, weights in (("a16w8", 0.0, "auto", "int8"), ("a16w8", 0.5, "auto", "int8"),
-                                                  ("a8w8", 0.0, "int8", "auto")):
+        for config, slack, precision, weights, split in (
+                ("a16w8", 0.0, "auto", "int8", False), ("a16w8", 0.5, "auto", "int8", False),
+                ("a8w8", 0.0, "int8", "auto", False),
+                ("a16w8", 0.0, "auto", "int8", True), ("a16w8", 0.5, "auto", "int8", True)):
             # activations searched against a16w8's accuracy (and 0.5 dB below it, the
-            # issue's line); weights against a8w8's
-            def held_to_stock(c: str = config, d: float = slack, p: str = precision, w: str = weights
-                              ) -> tuple[dict[str, Any], dict[str, Any]]:
+            # issue's line), with chains of convolutions whole or split; weights against a8w8's
+            def held_to_stock(c: str = config, d: float = slack, p: str = precision, w: str = weights,
+                              cut: bool = split) -> tuple[dict[str, Any], dict[str, Any]]:
                 b = stock_score(c) - d
                 q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p, weights=w, budget=b,
-                                             weight_rounding="gptq"))
+                                             weight_rounding="gptq", split_chains=cut))
                 low = _lower(q, module, example, calib, target, auto=True, search=fresh)
                 r = q.search_result
                 return low, {"budget": f"stock {c}'s search-data SQNR" + (f" - {d:g} dB" if d else ""),
                              "budget_db": b, "search_score_db": r.score,
                              "int16_domains": len(r.to_json()["int16_domains"]), "domains": len(r.precisions),
                              "search_evaluations": r.evaluations, "search_cycles": r.cycles,
-                             "refused_groups": r.refused_groups,
+                             "refused_groups": r.refused_groups, "transcodes_kept": len(q._require().cut_ports),
+                             "search_lowerings": r.lowerings, "priced_in_bytes": r.priced_in_bytes,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
-            record(f"ours-{'auto' if precision == 'auto' else 'w4'}+gptq@{config}" + (f"-{slack:g}" if slack else ""),
-                   held_to_stock)
+            name = "split" if split else "auto" if precision == "auto" else "w4"
+            record(f"ours-{name}+gptq@{config}" + (f"-{slack:g}" if slack else ""), held_to_stock)
         if labels:
             record("ours-deploy+w4+gptq", lambda: deploy_w4("gptq"))
         if hand:
@@ -531,6 +537,7 @@ def goals(data: dict[str, Any], target: str = "ethos-u85-256") -> str:
     is held to (SQNR in dB on the held-out inputs; disagreements clean/noisy)."""
     head = ["model", "int8+gptq: x a8w8 cycles, dB vs a8w8", "int16+gptq: dB vs a16w8",
             "auto+gptq@a16w8: % of a16w8 cycles, dB vs a16w8", "auto+gptq@a16w8-0.5: the same",
+            "split+gptq@a16w8: the same", "split+gptq@a16w8-0.5: the same",
             "w4+gptq@a8w8: weight bytes, dB vs a8w8",
             "deploy+w4+gptq: weight bytes, disagree (a8w8's)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -559,6 +566,8 @@ def goals(data: dict[str, Any], target: str = "ethos-u85-256") -> str:
         out.append("| " + " | ".join([model, cell("ours-int8+gptq", a8, "cycles"), cell("ours-int16+gptq", a16, "db"),
                                        cell("ours-auto+gptq@a16w8", a16, "share"),
                                        cell("ours-auto+gptq@a16w8-0.5", a16, "share"),
+                                       cell("ours-split+gptq@a16w8", a16, "share"),
+                                       cell("ours-split+gptq@a16w8-0.5", a16, "share"),
                                        cell("ours-w4+gptq@a8w8", a8, "bytes"),
                                        cell("ours-deploy+w4+gptq", a8, "top1")]) + " |")
     return "\n".join(out)
@@ -581,7 +590,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
                               or f.startswith("ours-auto@")),
                              ("ours, int4 weights searched", lambda f: f == "ours-int8w4" or f.startswith("ours-auto+w4@")),
                              ("ours, GPTQ-rounded weights", lambda f: f in ("ours-int8+gptq", "ours-int16+gptq")
-                              or f.startswith("ours-auto+gptq@"))):
+                              or f.startswith(("ours-auto+gptq@", "ours-split+gptq@")))):
             ours = sorted((r for r in ok if flows(r["flow"])), key=lambda r: r["cycles_total"])
             ax.plot([r["cycles_total"] for r in ours], [r["sqnr_db"] for r in ours], "o-", label=label)
         for r in ok:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -228,6 +229,8 @@ def test_an_adds_operands_share_a_group_and_a_table_keeps_its_domains_int8():
     (dict(policy="I", weights="auto"), "--weights auto needs --budget"),
     (dict(policy="I", weights="int4", budget=30.0), "needs --precision auto or --weights auto"),
     (dict(policy="I", weights="int4", tosa="TOSA-1.0+INT"), "no int4 extension"),
+    (dict(policy="I", split_chains=True), "--split-chains .* needs --precision auto"),
+    (dict(policy="I", weights="auto", budget=30.0, split_chains=True), "--split-chains .* needs --precision auto"),
 ])
 def test_precision_options_are_refused_in_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -347,6 +350,18 @@ def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
     """The README's recipe: prepare, calibrate, choose_precision, convert_pt2e, export,
     Arm's own TOSAPartitioner at TOSA-1.0+INT+int16; the runtime equals the plan's
     simulation bit for bit on held-out inputs."""
+    m, x, quantizer, prepared, data = _prepared("int16_block", precision="auto", budget=0.0)
+    probe = _search(quantizer, prepared, data, 0.0)
+    _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
+    chosen = quantizer.precisions
+    assert {p.bits for p in chosen} == {BITS8, BITS16}
+    _lowered_exactly(quantizer, prepared, x)
+
+
+def _lowered_exactly(quantizer, prepared, x) -> torch.fx.GraphModule:
+    """convert_pt2e, export and Arm's stock TOSAPartitioner at TOSA-1.0+INT+int16, as the
+    README's recipe; asserts the runtime equals the plan's simulation bit for bit on
+    held-out inputs. Returns the converted module."""
     from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -354,12 +369,8 @@ def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
 
     from codec_tosa.runtime.pte import BACKEND_ID, delegates, with_delegates_replaced
 
-    m, x, quantizer, prepared, data = _prepared("int16_block", precision="auto", budget=0.0)
-    probe = _search(quantizer, prepared, data, 0.0)
-    _search(quantizer, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
-    chosen = quantizer.precisions
-    assert {p.bits for p in chosen} == {BITS8, BITS16}
-    program = torch.export.export(convert_pt2e(prepared), x)
+    converted = convert_pt2e(prepared)
+    program = torch.export.export(converted, x)
     partitioner = TOSAPartitioner(TosaCompileSpec("TOSA-1.0+INT+int16"))
     pte = bytes(to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch().buffer)
     runnable = with_delegates_replaced(pte, {d.index: (BACKEND_ID, d.payload) for d in delegates(pte)})
@@ -370,6 +381,59 @@ def test_the_pt2e_flow_with_auto_lowers_with_arms_stock_partitioner_exactly():
         got, _ = run_pte_recorded(runnable, held_out)
         for g, s in zip(got, simulate(planned, held_out)):
             assert torch.equal(g.reshape(s.shape), s)
+    return converted
+
+
+def _quantizes(module: torch.fx.GraphModule) -> list[str]:
+    """The dtypes of the quantize nodes of a converted module, in graph order."""
+    return [str(n.args[-1]) for n in module.graph.nodes if "quantize_per_tensor" in str(n.target)
+            and "dequantize" not in str(n.target)]
+
+
+def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
+    """A plain chain of convolutions is one group; with split_chains each convolution's
+    input may take its own width behind a transcode. At a budget the chain's group is
+    needed for, the split search meets it for fewer bytes; the transcodes stay only
+    where the widths change (both ways: INT8 into INT16 and back), the program lowers
+    with Arm's stock partitioner bit-exact with the plan's simulation, and is no worse
+    than all-INT8 against eager on held-out inputs. At a budget all-INT8 meets, nothing
+    is cut: the program is the unsplit one."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    m, x, whole, prepared, data = _prepared("conv_chain", precision="auto", budget=0.0)
+    int8 = convert_pt2e(copy.deepcopy(prepared))  # every domain INT8 until the search runs
+    _, _, split, split_prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True)
+    assert len(split.int16_groups.groups) >= len(whole.int16_groups.groups) + 6  # one more per convolution
+    nothing = _search(split, split_prepared, data, 0.0)
+    assert nothing.extra_bytes == 0 and split._require().cut_ports == ()
+    assert _quantizes(convert_pt2e(split_prepared)) == _quantizes(int8)
+    probe = _search(whole, prepared, data, 0.0)
+    head_only = _search(whole, prepared, data, (probe.floor_score + probe.ceiling_score) / 2).score
+    assert probe.floor_score < head_only < probe.ceiling_score  # the unsplit search's cheapest step up
+    torch.manual_seed(5)
+    held_out = (torch.randn_like(x[0]),)
+    with torch.no_grad():
+        reference = m(*held_out)
+        int8_sqnr = precision_search.sqnr_db([reference], [int8(*held_out)])
+    directions = set()
+    for budget in (head_only + 0.1 * (probe.ceiling_score - head_only), (head_only + probe.ceiling_score) / 2):
+        _, _, whole, prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0)
+        unsplit = _search(whole, prepared, data, budget)
+        _, _, split, prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True)
+        r = _search(split, prepared, data, budget)
+        assert r.met and unsplit.met and r.extra_bytes < unsplit.extra_bytes, (r.extra_bytes, unsplit.extra_bytes)
+        a = split._require()
+        plan = a.placement.plan
+        assert a.cut_ports and [p.domain for p in r.precisions] == list(range(len(plan.domains)))
+        bits = {p.domain: p.bits for p in r.precisions}
+        for port in a.cut_ports:  # a kept cut joins two widths
+            here, source = plan.in_domain[port], plan.value_domain[a.graph.in_value[port]]
+            assert bits[here] != bits[source]
+            directions.add((bits[source], bits[here]))
+        converted = _lowered_exactly(split, prepared, x)
+        with torch.no_grad():
+            assert precision_search.sqnr_db([reference], [converted(*held_out)]) >= int8_sqnr - 0.5
+    assert directions == {(BITS8, BITS16), (BITS16, BITS8)}, directions
 
 
 def _vela_cycles(prepared, x, target: str) -> int:
@@ -483,6 +547,16 @@ def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
     assert main(["compile", model, "--policy", "W", "--precision", "int16", "-o", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--policy I" in err[0]
+    assert main(["compile", model, "--policy", "I", "--split-chains", "-o", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs --precision auto" in err[0] and not (tmp_path / "s").exists()
+    chain = f"{Path(small_models.__file__)}:conv_chain"
+    assert main(["compile", chain, "--policy", "I", "--precision", "auto", "--split-chains", "--budget", "90dB",
+                 "--samples", "2", "-o", str(tmp_path / "chain")]) == 0
+    report = json.loads((tmp_path / "chain" / "report.json").read_text())
+    assert report["spec"]["split_chains"] is True
+    # out of reach: every domain INT16, so no cut joins two widths and none is kept
+    assert all(d["bits"] == BITS16 for d in report["precision"]["domains"])
 
 
 # ---- the pieces -----------------------------------------------------------------------------

@@ -16,6 +16,13 @@ two precisions meet, as between any two domains. Two facts bound the choice:
 
 Domains tied so form one *group*, and a group is INT16 or INT8 as a whole.
 
+A chain of convolutions is therefore one group. With ``split_chains`` the search
+may cut it: each convolution's coded input that is the only reader of a value
+another operator wrote (`chain_cuts`) gets a domain of its own behind a
+transcode, tied only to that convolution's output. Where the search leaves both
+sides of a cut one width, the cut is undone (`CodecQuantizer.choose_precision`),
+so a transcode stays only where the widths change.
+
 Weights have a width of their own: INT8, or INT4 (Arm's a8w4) where the row says
 Arm lowers it (`Row.int4`: convolutions and linears) and the input domain is
 INT8, as TOSA has no int16 x int4 convolution (`int4_weights`, `weight_bits`).
@@ -159,6 +166,33 @@ def _typed_like_input(graph: PortGraph, placement: Placement, table: Commutation
     return out
 
 
+def chain_cuts(graph: PortGraph, placement: Placement, table: CommutationTable) -> tuple[int, ...]:
+    """The in-ports where a chain of convolutions may change width (module docstring):
+    the coded input of an accumulating operator with one coded input, whose output
+    another operator reads (else its input and output are not tied), reading the
+    one use of a value an operator wrote, in that value's domain."""
+    plan, sem = placement.plan, placement.semantics
+    out: list[int] = []
+    for op in range(graph.num_ops):
+        if not _typed_like_input(graph, placement, table, op):
+            continue
+        coded = [p for p in graph.op_in[op] if sem.in_sem[p] == CODE and plan.in_domain[p] >= 0]
+        if len(coded) != 1:
+            continue
+        p = coded[0]
+        x = graph.in_value[p]
+        if graph.val_op[x] >= 0 and graph.val_uses[x] == [p] and sem.block_inputs[sem.in_block[p]] == 1 \
+                and plan.value_domain[x] == plan.in_domain[p]:
+            out.append(p)
+    return tuple(out)
+
+
+def cut_sources(graph: PortGraph, placement: Placement, cuts: tuple[int, ...]) -> dict[int, int]:
+    """Each cut port's domain -> the domain of the value it reads (its transcode's source)."""
+    plan = placement.plan
+    return {plan.in_domain[p]: plan.value_domain[graph.in_value[p]] for p in cuts}
+
+
 def int4_weights(graph: PortGraph, placement: Placement, table: CommutationTable) -> list[Int4Weight]:
     """The weights that may be INT4: those of operators whose row has `int4`, with one
     coded activation input (module docstring)."""
@@ -225,4 +259,4 @@ def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrec
 
 
 __all__ = ["BITS16", "BITS4", "BITS8", "DomainPrecision", "Groups", "Int4Weight", "WeightPrecision", "assign",
-           "assign_weights", "int16_groups", "int4_weights", "kept_int8", "weight_bits"]
+           "assign_weights", "chain_cuts", "cut_sources", "int16_groups", "int4_weights", "kept_int8", "weight_bits"]

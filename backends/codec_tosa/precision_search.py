@@ -189,6 +189,8 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         domains, weights = widths(moves)
         for d, obs in observers.items():
             obs.bits = domains[d]
+        for d, src in a.cuts.items():  # a cut with one width on both sides is no transcode
+            observers[d].passthrough = domains[d] == domains[src]
         for op, bits in weights.items():
             weight_observers[op].bits = bits
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -97,8 +97,11 @@ from codec_tosa.precision import (
     WeightPrecision,
     assign,
     assign_weights,
+    chain_cuts,
+    cut_sources,
     int4_weights,
     int16_groups,
+    kept_int8,
 )
 from codec_tosa.spec import AUTO, GPTQ, INT8, CodecSpec
 from codec_tosa.weight_rounding import apply_rounded, round_weights
@@ -124,6 +127,13 @@ class _Annotated:
     int4: list[Int4Weight]  # the weights that may be INT4
     weight_precisions: list[WeightPrecision]  # each of their widths, and why
     weight_roots: dict[int, _Key]  # operator -> the edge holding its weight's observer
+    table: CommutationTable  # the spec's, with the rows derived from Arm's annotation
+    arm: Mapping[str, QuantizationAnnotation]  # Arm's quantizer's annotation of the graph
+    plain: tuple[int, ...]  # operators the target keeps in FP32
+    # at split_chains: the in-ports cut (`precision.chain_cuts`), and each cut's
+    # domain -> the domain its transcode reads
+    cut_ports: tuple[int, ...] = ()
+    cuts: Mapping[int, int] = field(default_factory=dict)
 
 
 class CodecQuantizer(Quantizer):
@@ -148,6 +158,7 @@ class CodecQuantizer(Quantizer):
         self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
         self._chosen: list[DomainPrecision] | None = None  # the precision search's widths
         self._chosen_weights: list[WeightPrecision] | None = None
+        self._cuts: tuple[int, ...] | None = None  # the chain cuts the search kept (split_chains)
         self.search_result: Any = None  # precision_search.SearchResult, after `choose_precision`
         # at weight_rounding gptq, after `choose_precision`: operator node -> why its
         # weight kept nearest rounding
@@ -166,9 +177,26 @@ class CodecQuantizer(Quantizer):
         arm = self._target.annotations(model)  # Arm's quantizer's; none for XNNPACK
         graph = PortGraph.from_fx(model)
         table, derived = self._table(graph, arm)
-        plain = self._target.plain_ops(graph, table, arm)
-        placement = place(graph, table, self.spec.policy, self.spec.placement,
-                          fused_transcode=self.spec.fused_transcode, plain_ops=plain)
+        plain = tuple(self._target.plain_ops(graph, table, arm))
+        placement = self._place(graph, table, plain, ())
+        cuts = self._cuts
+        if cuts is None and self.spec.split_chains:
+            cuts = chain_cuts(graph, placement, table)
+        if cuts:
+            placement = self._place(graph, table, plain, cuts)
+        annotator = self._laid_out(graph, placement, table, arm, derived)
+        annotator.write()
+        self._annotated = self._record(annotator, fp32, derived, plain, cuts or ())
+        return model
+
+    def _place(self, graph: PortGraph, table: CommutationTable, plain: tuple[int, ...],
+               cuts: tuple[int, ...]) -> Placement:
+        return place(graph, table, self.spec.policy, self.spec.placement,
+                     fused_transcode=self.spec.fused_transcode, plain_ops=plain, cuts=cuts)
+
+    def _laid_out(self, graph: PortGraph, placement: Placement, table: CommutationTable,
+                  arm: Mapping[str, QuantizationAnnotation], derived: tuple[str, ...]) -> _Annotator:
+        """The annotation of `placement` at the widths this quantizer has (not written yet)."""
         groups = int16_groups(graph, placement, table)
         precisions = self._precisions(groups, len(placement.plan.domains))
         bits = {p.domain: p.bits for p in precisions}
@@ -176,10 +204,18 @@ class CodecQuantizer(Quantizer):
         weight_precisions = self._weight_precisions(int4, bits)
         annotator = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target, bits,
                                {w.op: w.bits for w in weight_precisions})
-        roots = annotator.write()
-        self._annotated = _Annotated(graph, placement, roots, fp32, derived, groups, precisions,
-                                     annotator.fused_pairs(), int4, weight_precisions, annotator.weight_roots)
-        return model
+        annotator.groups, annotator.precisions = groups, precisions
+        annotator.int4, annotator.weight_precisions = int4, weight_precisions
+        return annotator
+
+    def _record(self, annotator: _Annotator, fp32: torch.fx.GraphModule, derived: tuple[str, ...],
+                plain: tuple[int, ...], cuts: tuple[int, ...],
+                weight_roots: dict[int, _Key] | None = None) -> _Annotated:
+        graph, placement = annotator.g, annotator.placement
+        return _Annotated(graph, placement, {d: _key(e) for d, e in annotator.root.items()}, fp32, derived,
+                          annotator.groups, annotator.precisions, annotator.fused_pairs(), annotator.int4,
+                          annotator.weight_precisions, weight_roots or annotator.weight_roots, annotator.table,
+                          annotator.arm, plain, cuts, cut_sources(graph, placement, cuts))
 
     def _precisions(self, groups: Groups, num_domains: int) -> list[DomainPrecision]:
         if self._chosen is not None:
@@ -260,7 +296,46 @@ class CodecQuantizer(Quantizer):
         a.precisions, a.weight_precisions = list(result.precisions), list(result.weights)
         self.set_widths(prepared, {p.domain: p.bits for p in result.precisions},
                         {w.op: w.bits for w in result.weights})
+        if a.cut_ports:
+            self._keep_cuts()
+            result.precisions, result.weights = self.precisions, self.weight_precisions
         return list(result.precisions)
+
+    def _keep_cuts(self) -> None:
+        """After the search at split_chains: keep the chain cuts whose two sides it gave
+        two widths. `set_widths` removed the others' observers; here the plan is laid
+        out again without them. Domain ids change with it: a new domain is one old
+        domain that is not a cut, with the cuts undone into it, or a kept cut, and it
+        takes that old domain's width, why, observer and folded activations."""
+        a = self._require()
+        old = a.placement.plan
+        chosen = {p.domain: p for p in a.precisions}
+        source = {p: old.value_domain[a.graph.in_value[p]] for p in a.cut_ports}
+        kept = tuple(p for p in a.cut_ports if chosen[old.in_domain[p]].bits != chosen[source[p]].bits)
+        undone = {old.in_domain[p] for p in set(a.cut_ports) - set(kept)}
+        for d in undone:
+            self._observers.pop(a.roots[d], None)
+        placement = self._place(a.graph, a.table, a.plain, kept)
+        new = placement.plan
+        was: dict[int, int] = {}  # new domain -> the old one it is
+        for d in new.domains:
+            olds = {old.in_domain[p] for p in d.in_ports} | {old.value_domain[x] for x in d.values}
+            (was[d.id],) = olds - undone
+        groups = int16_groups(a.graph, placement, a.table)
+        self._chosen = [DomainPrecision(d, chosen[was[d]].bits, groups.blocked.get(d, chosen[was[d]].why))
+                        for d in range(len(new.domains))]
+        self._cuts = kept
+        annotator = self._laid_out(a.graph, placement, a.table, a.arm, a.derived)
+        bits = {p.domain: p.bits for p in annotator.precisions}
+        narrow = self.spec.weights != INT8  # an INT16 input keeps the weight INT8 (as the search says)
+        annotator.weight_precisions = [
+            WeightPrecision(p.op, p.name, p.bits, kept_int8(w) if narrow and bits[w.input_domain] == BITS16 else p.why)
+            for p, w in zip(annotator.weight_precisions, annotator.int4)]
+        self._chosen_weights = list(annotator.weight_precisions)
+        annotated = self._record(annotator, a.fp32, a.derived, a.plain, kept, a.weight_roots)
+        annotated.roots = {d: a.roots[was[d]] for d in was}
+        annotated.fused = {d: a.fused[was[d]] for d in was if was[d] in a.fused}
+        self._annotated = annotated
 
     def set_widths(self, prepared: torch.fx.GraphModule, bits: Mapping[int, int],
                    weight_bits: Mapping[int, int] | None = None) -> None:
@@ -289,6 +364,10 @@ class CodecQuantizer(Quantizer):
         names = {id(m): name for name, m in prepared.named_modules()}
         nodes = {n.name: n for n in prepared.graph.nodes}
         changed = False
+        for d, s in a.cuts.items():  # a cut with one width on both sides: no transcode
+            if bits.get(d, BITS8) == bits.get(s, BITS8) and id(observers[a.roots[d]]) in names:
+                _drop_observer(prepared, names[id(observers[a.roots[d]])])
+                changed = True
         for d, key in a.roots.items():
             observer = observers[key]
             observer.bits = bits.get(d, BITS8)
@@ -530,6 +609,7 @@ class _Annotator:
                  arm: Mapping[str, QuantizationAnnotation], derived: frozenset[str], target: Int8Target,
                  bits: Mapping[int, int], weight_bits: Mapping[int, int]) -> None:
         self.g = graph
+        self.placement = placement
         self.bits = bits  # each domain's code width
         self.weight_bits = weight_bits  # each INT4-capable operator's weight width
         self.weight_roots: dict[int, _Key] = {}  # operator -> its weight observer's edge (written)
@@ -541,6 +621,11 @@ class _Annotator:
         self.spec = spec
         self.arm = arm
         self.fused = self._fused_activations()
+        # what `CodecQuantizer._laid_out` decided with it, for `_Annotated`
+        self.groups = Groups((), {})
+        self.precisions: list[DomainPrecision] = []
+        self.int4: list[Int4Weight] = []
+        self.weight_precisions: list[WeightPrecision] = []
         # each domain's QuantizationSpec sits at its first annotated port: PT2E creates a
         # sharing group's observer from the first member it visits (nodes in order, a
         # node's input edges before its output), and a SharedQuantizationSpec may only
@@ -758,6 +843,15 @@ class _Annotator:
             derived_from=[(act_node, node), (weight_node, node)], derive_qparams_fn=bias_qparams,
             dtype=torch.int32, quant_min=INT32_QMIN, quant_max=INT32_QMAX,
             qscheme=torch.per_channel_symmetric, ch_axis=0)
+
+
+def _drop_observer(prepared: torch.fx.GraphModule, name: str) -> None:
+    """Take the observer module `name` out of `prepared`: its readers read its input."""
+    for node in list(prepared.graph.nodes):
+        if node.op == "call_module" and node.target == name:
+            node.replace_all_uses_with(node.args[0])
+            prepared.graph.erase_node(node)
+    prepared.delete_submodule(name)
 
 
 def _clamp_bounds(graph: PortGraph, op: int) -> tuple[float, float]:

@@ -83,6 +83,9 @@ class CodecSpec:
     budget: float | None = None
     # WEIGHT_ROUNDINGS: gptq needs `choose_precision` between calibration and convert
     weight_rounding: str = NEAREST
+    # at precision auto: a chain of convolutions may change width at a convolution's
+    # input, through a transcode (`codec_tosa.precision.chain_cuts`)
+    split_chains: bool = False
     metric: Callable[[list[torch.Tensor], list[torch.Tensor]], float] | None = None
 
     def __post_init__(self) -> None:
@@ -132,6 +135,9 @@ class CodecSpec:
             raise ValueError(f"unknown weight precision {self.weights!r}: expected one of "
                              f"{', '.join(WEIGHT_PRECISIONS)}")
         object.__setattr__(self, "int16_domains", tuple(sorted({int(d) for d in self.int16_domains})))
+        if self.split_chains and self.precision != AUTO:
+            raise ValueError(f"--split-chains lets the precision search cut chains of convolutions: it needs "
+                             f"--precision auto (got {self.precision})")
         if not self.mixed_precision and self.weights == INT8:
             if self.budget is not None or self.metric is not None:
                 raise ValueError("--budget is the precision search's floor: it needs --precision auto "
@@ -215,6 +221,7 @@ class CodecSpec:
                 "symmetric_activations": self.symmetric_activations, "observer": self.observer,
                 "custom_table": self.table is not None, "precision": self.precision,
                 "int16_domains": list(self.int16_domains), "weights": self.weights, "budget": self.budget,
+                "split_chains": self.split_chains,
                 "metric": getattr(self.metric, "__name__", None) if self.metric else None}
 
     def dumps(self) -> str:

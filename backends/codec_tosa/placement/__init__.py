@@ -37,8 +37,10 @@ def place(
     labels: bool = True,
     fused_transcode: bool = False,
     plain_ops: Collection[int] = (),
+    cuts: Collection[int] = (),
 ) -> Placement:
-    """Run the placement algorithm; `verify` also runs the independent dominator check."""
+    """Run the placement algorithm; `verify` also runs the independent dominator check.
+    `cuts` are in-ports that get a domain of their own behind a transcode (`build_domains`)."""
     check_placement(placement)
     # The passes allocate millions of small lists on big graphs; the cyclic GC
     # would rescan them over and over (time per node grew 3x from 10^3 to 10^6).
@@ -46,7 +48,7 @@ def place(
     gc.disable()
     try:
         sem = resolve(graph, table, policy, plain_ops)
-        sets = build_domains(graph, sem, placement)
+        sets = build_domains(graph, sem, placement, cuts)
         plan = make_plan(graph, sem, sets, labels=labels, fused_transcode=fused_transcode)
     finally:
         if gc_was_on:

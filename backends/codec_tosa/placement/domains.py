@@ -15,6 +15,7 @@ domain (docs/DESIGN.md, "Shared observation").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection
 
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement.semantics import CODE, Semantics
@@ -49,15 +50,22 @@ class DomainSets:
     shared: dict[int, list[Dominator]] = field(default_factory=dict)
 
 
-def build_domains(graph: PortGraph, sem: Semantics, placement: str) -> DomainSets:
+def build_domains(graph: PortGraph, sem: Semantics, placement: str,
+                  cuts: Collection[int] = ()) -> DomainSets:
+    """`cuts`: in-ports of single-input blocks that get a domain of their own, written by
+    a transcode from the domain of the value they read, instead of joining it (where the
+    precision search lets a chain of convolutions change width: `codec_tosa.precision`)."""
     check_placement(placement)
     P, V = graph.num_in_ports, graph.num_values
     uf = UnionFind(P + 2 * V)
     block_rep = _unite_blocks(graph, sem, uf)
     if placement == LOCAL:
         return DomainSets(uf, P, V, _local_dominators(graph, sem, uf, block_rep), local=True)
-    boundaries = _unite_flows(graph, sem, uf)
+    cut = frozenset(cuts)
+    boundaries = _unite_flows(graph, sem, uf, cut)
     dominator = _dominators(graph, sem, uf, block_rep)
+    for u in sorted(cut):  # each cut port's domain starts at its transcode
+        dominator[uf.find(u)] = (f"transcode({graph.val_name[graph.in_value[u]]})", graph.in_value[u])
     shared: dict[int, list[Dominator]] = {}
     if placement in (COALESCE, SHARE):
         _coalesce(graph, sem, uf, boundaries, dominator, shared if placement == SHARE else None)
@@ -77,7 +85,7 @@ def _unite_blocks(graph: PortGraph, sem: Semantics, uf: UnionFind) -> list[int]:
     return rep
 
 
-def _unite_flows(graph: PortGraph, sem: Semantics, uf: UnionFind) -> list[int]:
+def _unite_flows(graph: PortGraph, sem: Semantics, uf: UnionFind, cut: frozenset[int] = frozenset()) -> list[int]:
     """Rules 2-4: codes flow forward into single-input blocks; a plain value gets
     one shared encode for its single-input encoded uses; uses in multi-input
     blocks are fan-in boundaries (returned, in topological order)."""
@@ -87,7 +95,7 @@ def _unite_flows(graph: PortGraph, sem: Semantics, uf: UnionFind) -> list[int]:
     for x in range(V):
         code = sem.out_code[x]
         for u in graph.val_uses[x]:
-            if in_sem[u] != CODE:
+            if in_sem[u] != CODE or u in cut:
                 continue
             if block_inputs[in_block[u]] == 1:
                 uf.union(u, P + x if code else P + V + x)

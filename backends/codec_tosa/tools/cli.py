@@ -110,7 +110,8 @@ def _spec(args: argparse.Namespace):
                      precision=getattr(args, "precision", "int8"), budget=getattr(args, "budget", None),
                      int16_domains=getattr(args, "int16_domains", ()) or (),
                      weights=getattr(args, "weights", "int8"),
-                     weight_rounding=getattr(args, "weight_rounding", "nearest"))
+                     weight_rounding=getattr(args, "weight_rounding", "nearest"),
+                     split_chains=getattr(args, "split_chains", False))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -231,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how weight codes are picked at --policy I: nearest (default, as Arm's quantizers); "
                         "gptq: in the order that cuts each convolution's and linear's output error on the "
                         "calibration data (same scales, same bytes)")
+    c.add_argument("--split-chains", action="store_true",
+                   help="with --precision auto: let a chain of convolutions change width at a convolution's "
+                        "input, through one RESCALE where the widths differ (else a chain is one width)")
     c.add_argument("--budget", type=_decibels,
                    help="with --precision auto or --weights auto: the SQNR floor against FP32, e.g. 30dB")
     c.add_argument("--int16-domains", type=_domains,
