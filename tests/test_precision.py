@@ -488,6 +488,31 @@ def test_on_ethos_u_the_search_prices_each_group_in_vela_cycles(monkeypatch):
     assert all("per byte" in p.why for p in t.precisions if p.bits == BITS16)
 
 
+@pytest.mark.slow  # four lowerings with Vela
+def test_split_chains_transcodes_lower_on_ethos_u(monkeypatch):
+    """The kept cuts' transcodes, INT8 into INT16 and back, go through Arm's
+    EthosUPartitioner and Vela: the chosen widths cost more cycles than all-INT8 (the
+    groups priced in bytes here, to keep the test to a few lowerings)."""
+    target = "ethos-u85-256"
+    monkeypatch.setattr(precision_search, "PRICING_SECONDS", 1.0)  # less than one lowering: bytes
+    _, x, whole, prepared, data = _prepared("conv_chain", precision="auto", budget=0.0, target=target)
+    int8_cycles = _vela_cycles(copy.deepcopy(prepared), x, target)
+    probe = _search(whole, prepared, data, 0.0)
+    head_only = _search(whole, prepared, data, (probe.floor_score + probe.ceiling_score) / 2).score
+    directions = set()
+    for budget in (head_only + 0.1 * (probe.ceiling_score - head_only), (head_only + probe.ceiling_score) / 2):
+        _, _, split, prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True,
+                                             target=target)
+        r = _search(split, prepared, data, budget)
+        a = split._require()
+        assert r.met and a.cut_ports and "priced in bytes" in r.priced_in_bytes
+        bits = {p.domain: p.bits for p in r.precisions}
+        plan = a.placement.plan
+        directions |= {(bits[plan.value_domain[a.graph.in_value[p]]], bits[plan.in_domain[p]]) for p in a.cut_ports}
+        assert _vela_cycles(prepared, x, target) > int8_cycles
+    assert directions == {(BITS8, BITS16), (BITS16, BITS8)}, directions
+
+
 def _vela_refusing(monkeypatch, calls: set[int]) -> None:
     """Arm's Vela call, refusing the given calls (1 = the first) as Vela does on U55-128
     with MobileNetV2's int16 convolutions (benchmarks/RESULTS.md); the others compile."""
