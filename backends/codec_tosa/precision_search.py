@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from codec_tosa.observers import FakeQuantising
+from codec_tosa.placement.unionfind import UnionFind
 from codec_tosa.precision import (
     BITS4,
     BITS8,
@@ -103,6 +104,8 @@ class SearchResult:
     lowering_seconds: float = 0.0
     priced_in_bytes: str = ""  # on Ethos-U: why the groups were priced in bytes after all
     refused_groups: int = 0  # on Ethos-U: groups left INT8 because Vela refuses them at INT16
+    # at split_chains: which of the two searches gave the widths, and why (`search`)
+    chains: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "metric": self.metric, "met": self.met,
@@ -111,7 +114,7 @@ class SearchResult:
                 "evaluations": self.evaluations, "vela_target": self.vela_target, "cycles": self.cycles,
                 "int8_cycles": self.int8_cycles, "lowerings": self.lowerings,
                 "lowering_seconds": round(self.lowering_seconds, 1), "priced_in_bytes": self.priced_in_bytes,
-                "refused_groups": self.refused_groups,
+                "refused_groups": self.refused_groups, "chains": self.chains,
                 "int16_domains": [p.domain for p in self.precisions if p.bits == BITS16],
                 "int4_weights": [w.name for w in self.weights if w.bits == BITS4]}
 
@@ -129,12 +132,17 @@ def sqnr_db(reference: list[torch.Tensor], outputs: list[torch.Tensor]) -> float
 
 
 class _Space:
-    """The widths one set of moves gives, and what they cost (module docstring)."""
+    """The widths one set of moves gives, and what they cost (module docstring). With
+    `whole_chains`, the groups a split_chains cut separates are one again (each cut's
+    domain with its source's), as without the cuts."""
 
-    def __init__(self, quantizer: Any) -> None:
+    def __init__(self, quantizer: Any, whole_chains: bool = False) -> None:
         spec, a = quantizer.spec, quantizer._require()
         self.n = len(a.placement.plan.domains)
         self.groups = list(a.groups.groups) if spec.precision == AUTO else []
+        self.stuck: dict[int, str] = {}  # with whole_chains: domains a blocked chain keeps INT8
+        if whole_chains:
+            self.groups = self._whole(self.groups, a.cuts, a.groups.blocked)
         self.fixed = (None if spec.precision == AUTO else
                       {p.domain: p.bits for p in assign(spec, a.groups, self.n)})
         self.weights = list(a.int4)
@@ -144,6 +152,25 @@ class _Space:
         self.moves = [("group", g) for g in range(len(self.groups))]
         self.moves += [("weight", k) for k in range(len(self.weights)) if self.weights_searched]
         self.elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
+
+    def _whole(self, groups: list[tuple[int, ...]], cuts: Mapping[int, int], blocked: Mapping[int, str]
+               ) -> list[tuple[int, ...]]:
+        index = {d: k for k, g in enumerate(groups) for d in g}
+        uf = UnionFind(len(groups))
+        stuck: dict[int, int] = {}  # group -> a blocked domain its chain holds
+        for d, src in cuts.items():
+            if d in index and src in index:
+                uf.union(index[d], index[src])
+            elif d in index or src in index:
+                stuck[index[d] if d in index else index[src]] = src if d in index else d
+        merged: dict[int, list[int]] = {}
+        for k, g in enumerate(groups):
+            merged.setdefault(uf.find(k), []).extend(g)
+        why = {uf.find(k): x for k, x in stuck.items()}
+        for root, x in why.items():
+            for d in merged.pop(root):
+                self.stuck[d] = f"int8: one precision across its chain with domain {x}, which {blocked[x]}"
+        return [tuple(sorted(g)) for g in merged.values()]
 
     def domain_bits(self, moves: frozenset[int]) -> dict[int, int]:
         if self.fixed is not None:
@@ -166,33 +193,103 @@ class _Space:
 
 
 def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]]) -> SearchResult:
-    """The widths for `quantizer`'s spec (precision or weights auto), on calibrated `prepared`."""
+    """The widths for `quantizer`'s spec (precision or weights auto), on calibrated `prepared`.
+
+    At split_chains the search runs twice: over the split groups, and over the same
+    groups with every chain whole again. Per-group prices do not see that two INT16
+    neighbours share no transcode, so the split search can spend more than the whole
+    one (the trained MobileNet on U85-256: 59,380 cycles against 42,588). The cheaper
+    result that meets the budget is kept (Vela's cycles of the chosen widths on
+    Ethos-U, else bytes; a tie keeps the chains whole), and says so in `chains`."""
+    a = quantizer._require()
+    shared = _Shared(quantizer, prepared, data)
+    result = _search(quantizer, prepared, data, _Space(quantizer), shared)
+    if a.cuts and quantizer.spec.precision == AUTO:
+        split = result
+        whole = _search(quantizer, prepared, data, _Space(quantizer, whole_chains=True), shared)
+        result = _cheaper(split, whole, shared if quantizer.spec.ethos_u else None)
+        other = whole if result is split else split
+        result.chains = (f"{'split' if result is split else 'whole'}: {_cost_text(result)} against "
+                         f"{_cost_text(other)} with chains {'whole' if result is split else 'split'}")
+        result.evaluations = len(shared.scores)
+        if shared.vela is not None:
+            result.lowerings, result.lowering_seconds = shared.vela.lowerings, shared.vela.seconds
+        shared.apply({p.domain: p.bits for p in result.precisions}, {w.op: w.bits for w in result.weights})
+    return result
+
+
+def _cheaper(split: SearchResult, whole: SearchResult, shared: _Shared | None) -> SearchResult:
+    """The result that meets the budget, or if both do the cheaper: in Vela's cycles on
+    Ethos-U (`shared`; a result priced in bytes is lowered once more for them), else in
+    bytes. A tie keeps the chains whole (fewer transcodes)."""
+    if split.met != whole.met:
+        return split if split.met else whole
+    widths = [{p.domain: p.bits for p in r.precisions} for r in (split, whole)]
+    if widths[0] == widths[1]:
+        return whole
+    if shared is not None:
+        for r, bits in zip((split, whole), widths):
+            if r.cycles is None:
+                r.cycles = shared.vela_cycles()(bits, {w.op: w.bits for w in r.weights})
+        if split.cycles is not None and whole.cycles is not None:
+            return split if split.cycles < whole.cycles else whole
+    return split if split.extra_bytes < whole.extra_bytes else whole
+
+
+def _cost_text(r: SearchResult) -> str:
+    met = "" if r.met else ", budget not met"
+    return (f"{r.cycles} cycles" if r.cycles is not None else f"+{r.extra_bytes} bytes") + met
+
+
+class _Shared:
+    """What both searches of a split_chains spec share: the FP32 reference, the scores
+    by widths (one forward pass each), Vela's prices by widths, and the observers."""
+
+    def __init__(self, quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]]) -> None:
+        a = quantizer._require()
+        fp32 = quantizer.fp32_module()
+        with torch.no_grad():
+            self.reference = _batched([tensor_leaves(fp32(*x)) for x in data])
+        self.observers = {d: quantizer._observers[key] for d, key in a.roots.items()}
+        self.weight_observers = {op: quantizer._observers[key] for op, key in a.weight_roots.items()}
+        self.cuts: Mapping[int, int] = a.cuts
+        # by the widths the moves give (a weight move under an INT16 domain changes
+        # nothing): each one forward pass
+        self.scores: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+        self.vela: VelaCycles | None = None
+        self.args = (quantizer, prepared, data[0], quantizer.spec.target)
+
+    def vela_cycles(self) -> VelaCycles:
+        if self.vela is None:
+            self.vela = VelaCycles(*self.args)
+        return self.vela
+
+    def apply(self, domains: Mapping[int, int], weights: Mapping[int, int]) -> None:
+        """Give the observers these widths; a cut with one width on both sides passes
+        its codes through (it is no transcode)."""
+        for d, obs in self.observers.items():
+            obs.bits = domains[d]
+        for d, src in self.cuts.items():
+            self.observers[d].passthrough = domains[d] == domains[src]
+        for op, bits in weights.items():
+            self.weight_observers[op].bits = bits
+
+
+def _search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]], space: _Space,
+            shared: _Shared) -> SearchResult:
+    """One search over `space`'s moves (module docstring)."""
     spec = quantizer.spec
     a = quantizer._require()
-    space = _Space(quantizer)
     budget = float(spec.budget)
     metric: Metric = spec.metric or sqnr_db
-    fp32 = quantizer.fp32_module()
-    with torch.no_grad():
-        reference = _batched([tensor_leaves(fp32(*x)) for x in data])
-    observers = {d: quantizer._observers[key] for d, key in a.roots.items()}
-    weight_observers = {op: quantizer._observers[key] for op, key in a.weight_roots.items()}
-    # by the widths the moves give (a weight move under an INT16 domain changes
-    # nothing): each one forward pass
-    scores: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+    reference, scores = shared.reference, shared.scores
 
     def widths(moves: frozenset[int]) -> tuple[dict[int, int], dict[int, int]]:
         domains = space.domain_bits(moves)
         return domains, space.weight_bits(moves, domains)
 
     def apply(moves: frozenset[int]) -> None:
-        domains, weights = widths(moves)
-        for d, obs in observers.items():
-            obs.bits = domains[d]
-        for d, src in a.cuts.items():  # a cut with one width on both sides is no transcode
-            observers[d].passthrough = domains[d] == domains[src]
-        for op, bits in weights.items():
-            weight_observers[op].bits = bits
+        shared.apply(*widths(moves))
 
     def score(moves: set[int]) -> float:
         domains, weights = widths(frozenset(moves))
@@ -217,7 +314,7 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
     ranked = bool(groups) and low < budget <= ceiling  # step 1 has groups to choose among
     # what ranks a group: its bytes, or on Ethos-U Vela's cycles (lowered outside the
     # fake quantisation: `vela_cost` converts a copy of the calibrated module)
-    vela = VelaCycles(quantizer, prepared, data[0], spec.target) if spec.ethos_u and ranked else None
+    vela = shared.vela_cycles() if spec.ethos_u and ranked else None
     price = list(cost)
     priced_in_bytes = ""  # why an Ethos-U search fell back to bytes
     spent: tuple[int, float] = (0, 0.0)  # lowerings, and their seconds
@@ -303,7 +400,7 @@ def search(quantizer: Any, prepared: torch.fx.GraphModule, data: Sequence[Sequen
         else:
             weight_why[space.weights[k].op] = why(m, "int8", "int4")
     fixed = f"precision {spec.precision}"
-    precisions = [DomainPrecision(d, domains[d], a.groups.blocked.get(d, domain_why.get(d, fixed)))
+    precisions = [DomainPrecision(d, domains[d], a.groups.blocked.get(d, space.stuck.get(d, domain_why.get(d, fixed))))
                   for d in range(space.n)]
     weight_precisions = []
     for w in space.weights:
