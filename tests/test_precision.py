@@ -588,6 +588,8 @@ def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
     assert report["spec"]["split_chains"] is True
     # out of reach: every domain INT16, so no cut joins two widths and none is kept
     assert all(d["bits"] == BITS16 for d in report["precision"]["domains"])
+    assert main(["report", str(tmp_path / "chain" / "model.pte")]) == 0
+    assert "chains of convolutions (split_chains) kept whole: " in capsys.readouterr().out
 
 
 # ---- the pieces -----------------------------------------------------------------------------

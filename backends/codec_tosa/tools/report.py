@@ -215,6 +215,8 @@ def precision_lines(precision: dict[str, Any], table: Table) -> list[str]:
                      + ("" if search["met"] else "; the budget is NOT met"))
         if search.get("priced_in_bytes"):
             lines.append(search["priced_in_bytes"])
+        if search.get("chains"):
+            lines.append(f"chains of convolutions (split_chains) kept {search['chains']}")
         if search.get("cycles") is not None:
             lines.append(f"groups priced in Vela cycles on {search['vela_target']}: chosen widths "
                          f"{search['cycles']} cycles, all-int8 domains {search['int8_cycles']} "
