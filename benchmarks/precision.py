@@ -471,6 +471,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                              "int16_domains": len(r.to_json()["int16_domains"]), "domains": len(r.precisions),
                              "search_evaluations": r.evaluations, "search_cycles": r.cycles,
                              "refused_groups": r.refused_groups, "transcodes_kept": len(q._require().cut_ports),
+                             "chains": r.chains,
                              "search_lowerings": r.lowerings, "priced_in_bytes": r.priced_in_bytes,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
             name = "split" if split else "auto" if precision == "auto" else "w4"
