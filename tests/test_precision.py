@@ -384,6 +384,13 @@ def _lowered_exactly(quantizer, prepared, x) -> torch.fx.GraphModule:
     return converted
 
 
+def _tosa_partitioner(spec: str):
+    from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
+    from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
+
+    return TOSAPartitioner(TosaCompileSpec(spec))
+
+
 def _quantizes(module: torch.fx.GraphModule) -> list[str]:
     """The dtypes of the quantize nodes of a converted module, in graph order."""
     return [str(n.args[-1]) for n in module.graph.nodes if "quantize_per_tensor" in str(n.target)
@@ -431,8 +438,15 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
             assert bits[here] != bits[source]
             directions.add((bits[source], bits[here]))
         converted = _lowered_exactly(split, prepared, x)
+        planned = split.planned(torch.export.export(converted, x),
+                                _tosa_partitioner("TOSA-1.0+INT+int16"))
         with torch.no_grad():
-            assert precision_search.sqnr_db([reference], [converted(*held_out)]) >= int8_sqnr - 0.5
+            eager = converted(*held_out)
+            assert precision_search.sqnr_db([reference], [eager]) >= int8_sqnr - 0.5
+        # independent of the plan: the integer program is the converted PT2E module's, up
+        # to rounding (an undone cut once left its convolution's bias at the cut's scale)
+        (simulated,) = simulate(planned, list(held_out))
+        assert precision_search.sqnr_db([eager], [simulated.reshape(eager.shape)]) >= 35.0
     assert directions == {(BITS8, BITS16), (BITS16, BITS8)}, directions
 
 
@@ -486,6 +500,29 @@ def test_on_ethos_u_the_search_prices_each_group_in_vela_cycles(monkeypatch):
     t = _search(on_tosa, prepared, data, (probe.floor_score + probe.ceiling_score) / 2)
     assert t.lowerings == 0 and t.cycles is None and t.priced_in_bytes == ""
     assert all("per byte" in p.why for p in t.precisions if p.bits == BITS16)
+
+
+def test_an_undone_cut_leaves_the_bias_at_its_inputs_scale():
+    """A cut the search undoes (one width on both sides) gives its observer's place back
+    to the domain it reads, and so must the convolution's bias, whose int32 codes are at
+    input scale x weight scale: here the cut saw one half of a chunk, whose range is far
+    narrower than the domain's. The integer program (the plan's simulation, which is
+    the runtime's) is then the converted PT2E module's, up to rounding."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    m, x, split, prepared, data = _prepared("chunk_convs", precision="auto", budget=0.0, split_chains=True)
+    assert len(split._require().cut_ports) >= 1
+    r = _search(split, prepared, data, 0.0)  # all-INT8 meets it: every cut undone
+    assert r.extra_bytes == 0 and split._require().cut_ports == ()
+    converted = convert_pt2e(prepared)
+    planned = split.planned(torch.export.export(converted, x), _tosa_partitioner("TOSA-1.0+INT"))
+    torch.manual_seed(4)
+    for _ in range(3):
+        held_out = (torch.randn_like(x[0]),)
+        with torch.no_grad():
+            eager = converted(*held_out)
+        (simulated,) = simulate(planned, list(held_out))
+        assert precision_search.sqnr_db([eager], [simulated.reshape(eager.shape)]) >= 35.0
 
 
 @pytest.mark.slow  # about a dozen small lowerings with Vela

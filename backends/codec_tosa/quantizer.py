@@ -846,11 +846,26 @@ class _Annotator:
 
 
 def _drop_observer(prepared: torch.fx.GraphModule, name: str) -> None:
-    """Take the observer module `name` out of `prepared`: its readers read its input."""
+    """Take an undone cut's observer module `name` out of `prepared`: its readers read
+    its input, the observer of the domain the cut read. So do the derived observers
+    that named it (a bias's int32 codes are at input scale x weight scale: left at the
+    cut's, Arm's RESCALE, which takes the input's, would misread them)."""
+    dropped = getattr(prepared, name)
+    source: Any = None
     for node in list(prepared.graph.nodes):
         if node.op == "call_module" and node.target == name:
-            node.replace_all_uses_with(node.args[0])
+            producer = node.args[0]
+            if not (isinstance(producer, torch.fx.Node) and producer.op == "call_module"):
+                raise AssertionError(f"split_chains: the cut observer {name} does not read an observer")
+            source = getattr(prepared, str(producer.target))
+            node.replace_all_uses_with(producer)
             prepared.graph.erase_node(node)
+    for module in prepared.modules():
+        shared = getattr(module, "obs_or_fqs", None)  # torchao's DerivedObserverOrFakeQuantize
+        if isinstance(shared, list) and any(o is dropped for o in shared):
+            if source is None:
+                raise AssertionError(f"split_chains: no observer replaces the cut observer {name}")
+            module.obs_or_fqs = [source if o is dropped else o for o in shared]
     prepared.delete_submodule(name)
 
 

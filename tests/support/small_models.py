@@ -404,3 +404,27 @@ class ConvChain(nn.Module):
 def conv_chain(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return ConvChain().eval(), (torch.randn(1, 3, 8, 8),)
+
+
+class ChunkConvs(nn.Module):
+    """ShuffleNetV2's split: a convolution's output chunked in two halves of different
+    ranges, one half read by a convolution with a bias, the other passed on, then
+    concatenated. The halves share a domain; the convolution's input alone sees only
+    its half's range."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        with torch.no_grad():
+            self.stem.weight[4:] *= 8.0  # the second half's range is wider
+        self.branch = nn.Conv2d(4, 4, 1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.relu(self.stem(x)).chunk(2, dim=1)
+        return self.head(torch.cat([torch.relu(self.branch(a)), b], dim=1))
+
+
+def chunk_convs(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ChunkConvs().eval(), (torch.randn(1, 3, 8, 8),)
