@@ -23,7 +23,7 @@ from codec_tosa.graph import PortGraph
 from codec_tosa.observers import DomainObserver
 from codec_tosa.placement import place
 from codec_tosa import precision_search
-from codec_tosa.precision import BITS4, BITS8, BITS16, int16_groups
+from codec_tosa.precision import BITS4, BITS8, BITS16, chain_cuts, int16_groups
 from codec_tosa.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.executorch_runner import run_pte_recorded
 from codec_tosa.runtime.pte import delegate_payload
@@ -195,6 +195,26 @@ def _groups(module: nn.Module, x: tuple[torch.Tensor, ...]):
     table = CommutationTable.default()
     placement = place(graph, table, "I", "nonlocal+share")
     return graph, placement, int16_groups(graph, placement, table)
+
+
+def test_chain_cuts_give_each_convolution_input_a_domain_behind_a_transcode():
+    """The placement with `cuts`: each cut port is a domain of its own, written by one
+    transcode from the domain of the value it reads, whose dominator the independent
+    dominator check confirms; the chain's one group becomes one per convolution."""
+    m, x = small_models.conv_chain()
+    graph, placement, groups = _groups(m, x)
+    table = CommutationTable.default()
+    cuts = chain_cuts(graph, placement, table)
+    assert len(groups.groups) == 2 and len(cuts) == 6  # the chain and the head; 6 of 7 convolutions
+    cut = place(graph, table, "I", "nonlocal+share", verify=True, cuts=cuts)
+    plan = cut.plan
+    assert len(plan.domains) == len(placement.plan.domains) + len(cuts)
+    for p in cuts:
+        d, src = plan.in_domain[p], plan.value_domain[graph.in_value[p]]
+        assert d != src and plan.domains[d].in_ports == [p]
+        (writer,) = [c for c in plan.codecs if c.domain == d]
+        assert writer.kind == "transcode" and writer.source == src and writer.uses == [p]
+    assert len(int16_groups(graph, cut, table).groups) == len(cuts) + 2
 
 
 def test_an_adds_operands_share_a_group_and_a_table_keeps_its_domains_int8():
