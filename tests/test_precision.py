@@ -200,18 +200,23 @@ def _groups(module: nn.Module, x: tuple[torch.Tensor, ...]):
 def test_chain_cuts_give_each_convolution_input_a_domain_behind_a_transcode():
     """The placement with `cuts`: each cut port is a domain of its own, written by one
     transcode from the domain of the value it reads, whose dominator the independent
-    dominator check confirms; the chain's one group becomes one per convolution."""
+    dominator check confirms; the chain's one group becomes one per convolution, and
+    one for the average pool (whose output is as fine as its input)."""
     m, x = small_models.conv_chain()
     graph, placement, groups = _groups(m, x)
     table = CommutationTable.default()
     cuts = chain_cuts(graph, placement, table)
-    assert len(groups.groups) == 2 and len(cuts) == 6  # the chain and the head; 6 of 7 convolutions
+    readers = sorted(graph.op_target[graph.in_op[p]].split(".")[1] for p in cuts)
+    # the chain and the head; 6 of 7 convolutions (the first reads the program input), the pool
+    assert len(groups.groups) == 2 and readers == ["adaptive_avg_pool2d"] + ["conv2d"] * 6, readers
     cut = place(graph, table, "I", "nonlocal+share", verify=True, cuts=cuts)
     plan = cut.plan
     assert len(plan.domains) == len(placement.plan.domains) + len(cuts)
     for p in cuts:
         d, src = plan.in_domain[p], plan.value_domain[graph.in_value[p]]
-        assert d != src and plan.domains[d].in_ports == [p]
+        # a convolution's cut holds its input alone; the pool's, its output's readers too
+        pooled = graph.op_target[graph.in_op[p]].startswith("aten.adaptive_avg_pool2d")
+        assert d != src and p in plan.domains[d].in_ports and (pooled or plan.domains[d].in_ports == [p])
         (writer,) = [c for c in plan.codecs if c.domain == d]
         assert writer.kind == "transcode" and writer.source == src and writer.uses == [p]
     assert len(int16_groups(graph, cut, table).groups) == len(cuts) + 2
@@ -417,19 +422,25 @@ def _quantizes(module: torch.fx.GraphModule) -> list[str]:
             and "dequantize" not in str(n.target)]
 
 
-def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
+@pytest.mark.parametrize("name, fractions, directions", [
+    ("flat_conv_chain", (0.1, 0.8), {(BITS8, BITS16), (BITS16, BITS8)}),
+    ("conv_chain", (0.5,), {(BITS8, BITS16)}),
+])
+def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays(name, fractions, directions):
     """A plain chain of convolutions is one group; with split_chains each convolution's
-    input may take its own width behind a transcode. At a budget the chain's group is
-    needed for, the split search meets it for fewer bytes; the transcodes stay only
-    where the widths change (both ways: INT8 into INT16 and back), the program lowers
-    with Arm's stock partitioner bit-exact with the plan's simulation, and is no worse
-    than all-INT8 against eager on held-out inputs. At a budget all-INT8 meets, nothing
-    is cut: the program is the unsplit one."""
+    (and average pool's) input may take its own width behind a transcode. At a budget
+    the chain's group is needed for, the split search meets it for fewer bytes; the
+    transcodes stay only where the widths change (both ways: INT8 into INT16 and back),
+    the program lowers with Arm's stock partitioner bit-exact with the plan's
+    simulation, and is no worse than all-INT8 against eager on held-out inputs. Behind
+    an average pool, the pool's input alone is cut: the classifier reads INT16 codes
+    from a pool whose input stays INT8. At a budget all-INT8 meets, nothing is cut:
+    the program is the unsplit one."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    m, x, whole, prepared, data = _prepared("conv_chain", precision="auto", budget=0.0)
+    m, x, whole, prepared, data = _prepared(name, precision="auto", budget=0.0)
     int8 = convert_pt2e(copy.deepcopy(prepared))  # every domain INT8 until the search runs
-    _, _, split, split_prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True)
+    _, _, split, split_prepared, _ = _prepared(name, precision="auto", budget=0.0, split_chains=True)
     assert len(split.int16_groups.groups) >= len(whole.int16_groups.groups) + 6  # one more per convolution
     nothing = _search(split, split_prepared, data, 0.0)
     assert nothing.extra_bytes == 0 and split._require().cut_ports == ()
@@ -442,11 +453,12 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
     with torch.no_grad():
         reference = m(*held_out)
         int8_sqnr = precision_search.sqnr_db([reference], [int8(*held_out)])
-    directions = set()
-    for budget in (head_only + 0.1 * (probe.ceiling_score - head_only), (head_only + probe.ceiling_score) / 2):
-        _, _, whole, prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0)
+    found = set()
+    for fraction in fractions:
+        budget = head_only + fraction * (probe.ceiling_score - head_only)
+        _, _, whole, prepared, _ = _prepared(name, precision="auto", budget=0.0)
         unsplit = _search(whole, prepared, data, budget)
-        _, _, split, prepared, _ = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True)
+        _, _, split, prepared, _ = _prepared(name, precision="auto", budget=0.0, split_chains=True)
         r = _search(split, prepared, data, budget)
         assert r.met and unsplit.met and r.extra_bytes < unsplit.extra_bytes, (r.extra_bytes, unsplit.extra_bytes)
         a = split._require()
@@ -456,7 +468,10 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
         for port in a.cut_ports:  # a kept cut joins two widths
             here, source = plan.in_domain[port], plan.value_domain[a.graph.in_value[port]]
             assert bits[here] != bits[source]
-            directions.add((bits[source], bits[here]))
+            found.add((bits[source], bits[here]))
+        if name == "conv_chain":
+            (port,) = a.cut_ports
+            assert a.table.lookup(a.graph.op_target[a.graph.in_op[port]]).averages  # the pool
         converted = _lowered_exactly(split, prepared, x)
         planned = split.planned(torch.export.export(converted, x),
                                 _tosa_partitioner("TOSA-1.0+INT+int16"))
@@ -467,7 +482,7 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays():
         # to rounding (an undone cut once left its convolution's bias at the cut's scale)
         (simulated,) = simulate(planned, list(held_out))
         assert precision_search.sqnr_db([eager], [simulated.reshape(eager.shape)]) >= 35.0
-    assert directions == {(BITS8, BITS16), (BITS16, BITS8)}, directions
+    assert found == directions, found
 
 
 def _vela_cycles(prepared, x, target: str) -> int:
@@ -543,6 +558,33 @@ def test_an_undone_cut_leaves_the_bias_at_its_inputs_scale():
             eager = converted(*held_out)
         (simulated,) = simulate(planned, list(held_out))
         assert precision_search.sqnr_db([eager], [simulated.reshape(eager.shape)]) >= 35.0
+
+
+def test_an_undone_pool_cut_gives_the_pools_output_its_inputs_codes():
+    """A pool's cut domain holds the pool's output too, which PT2E observes under a
+    name of its own: undone, that port takes the codes of the domain the cut read
+    (at the last pool of two, that is the first pool's cut, kept or undone in turn).
+    Every width the search gives here lowers bit-exact with the plan's simulation,
+    and the integer program is the converted PT2E module's, up to rounding."""
+    m, x, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, split_chains=True)
+    a = quantizer._require()
+    pools = [p for p in a.cut_ports if a.table.lookup(a.graph.op_target[a.graph.in_op[p]]).averages]
+    assert len(pools) == 2
+    probe = _search(quantizer, prepared, data, 0.0)
+    kept = set()
+    for fraction in (0.8, 2.0):  # the first pool's cut kept, the second undone; every cut undone
+        _, _, quantizer, prepared, _ = _prepared("mobile_block", precision="auto", budget=0.0, split_chains=True)
+        r = _search(quantizer, prepared, data, probe.floor_score + fraction * (probe.ceiling_score - probe.floor_score))
+        kept.add(len(quantizer._require().cut_ports))
+        converted = _lowered_exactly(quantizer, prepared, x)
+        planned = quantizer.planned(torch.export.export(converted, x), _tosa_partitioner("TOSA-1.0+INT+int16"))
+        torch.manual_seed(6)
+        held_out = (torch.randn_like(x[0]),)
+        with torch.no_grad():
+            eager = converted(*held_out)
+        (simulated,) = simulate(planned, list(held_out))
+        assert precision_search.sqnr_db([eager], [simulated.reshape(eager.shape)]) >= 35.0, r.precisions
+    assert kept == {0, 1}, kept
 
 
 @pytest.mark.slow  # about a dozen small lowerings with Vela

@@ -78,9 +78,11 @@ class DomainObserver(ObserverBase):
         self.label = label  # the domain and its dominator, for error messages
         self.only_nonfinite = False  # saw a tensor with no finite value
         self.fake = False  # forward fake-quantises at theta() instead of observing
-        # with `fake`: pass codes through as they come (a chain cut whose two sides the
-        # search gives one width has no transcode: `codec_tosa.precision.chain_cuts`)
-        self.passthrough = False
+        # with `fake`: the observer of the domain a chain cut reads, where the search gives
+        # the cut's two sides one width. The cut is then undone: no transcode, and its
+        # ports (an average pool's output too) carry that domain's codes
+        # (`codec_tosa.precision.chain_cuts`)
+        self.undone_into: DomainObserver | None = None
         self._bits = 8
         self.bits = bits  # and with it the dtype, range and qscheme convert_pt2e writes
         self.register_buffer("min_val", torch.tensor(math.inf, dtype=torch.float64))
@@ -105,10 +107,11 @@ class DomainObserver(ObserverBase):
         self.qscheme = torch.per_tensor_symmetric if bits == 16 else torch.per_tensor_affine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fake and self.passthrough:
-            return x
         if self.fake:
-            t = self.theta()
+            codes = self
+            while codes.undone_into is not None:  # a cut reading an undone cut's domain
+                codes = codes.undone_into
+            t = codes.theta()
             return torch.fake_quantize_per_tensor_affine(x, t.scale, t.zero_point, t.qmin, t.qmax)
         if self.graph_input is not None:
             self._check_encodable(x)

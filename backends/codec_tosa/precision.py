@@ -17,9 +17,11 @@ two precisions meet, as between any two domains. Two facts bound the choice:
 Domains tied so form one *group*, and a group is INT16 or INT8 as a whole.
 
 A chain of convolutions is therefore one group. With ``split_chains`` the search
-may cut it: each convolution's coded input that is the only reader of a value
-another operator wrote (`chain_cuts`) gets a domain of its own behind a
-transcode, tied only to that convolution's output. Where the search leaves both
+may cut it: each convolution's or average pool's coded input that is the only
+reader of a value another operator wrote (`chain_cuts`) gets a domain of its own
+behind a transcode, tied only to that operator's output. A pool's output has its
+input's scale, so a classifier can read INT16 codes from a pool whose input stays
+INT8: the pool averages the input's rounding away, not its own output's. Where the search leaves both
 sides of a cut one width, the cut is undone (`CodecQuantizer.choose_precision`),
 so a transcode stays only where the widths change.
 
@@ -169,12 +171,14 @@ def _typed_like_input(graph: PortGraph, placement: Placement, table: Commutation
 def chain_cuts(graph: PortGraph, placement: Placement, table: CommutationTable) -> tuple[int, ...]:
     """The in-ports where a chain of convolutions may change width (module docstring):
     the coded input of an accumulating operator with one coded input, whose output
-    another operator reads (else its input and output are not tied), reading the
-    one use of a value an operator wrote, in that value's domain."""
+    another operator reads (else its input and output are not tied), or of an
+    averaging one (a pool's output is as fine as its input), reading the one use of
+    a value an operator wrote, in that value's domain."""
     plan, sem = placement.plan, placement.semantics
     out: list[int] = []
     for op in range(graph.num_ops):
-        if not _typed_like_input(graph, placement, table, op):
+        row = table.lookup(graph.op_target[op])
+        if not (row is not None and row.averages) and not _typed_like_input(graph, placement, table, op):
             continue
         coded = [p for p in graph.op_in[op] if sem.in_sem[p] == CODE and plan.in_domain[p] >= 0]
         if len(coded) != 1:
@@ -191,6 +195,12 @@ def cut_sources(graph: PortGraph, placement: Placement, cuts: tuple[int, ...]) -
     """Each cut port's domain -> the domain of the value it reads (its transcode's source)."""
     plan = placement.plan
     return {plan.in_domain[p]: plan.value_domain[graph.in_value[p]] for p in cuts}
+
+
+def undone_cuts(cuts: Mapping[int, int], bits: Mapping[int, int]) -> dict[int, int]:
+    """The cuts (cut domain -> source domain, `cut_sources`) whose two sides `bits`
+    gives one width: no transcode, so the cut is undone into its source's domain."""
+    return {d: s for d, s in cuts.items() if bits.get(d, BITS8) == bits.get(s, BITS8)}
 
 
 def int4_weights(graph: PortGraph, placement: Placement, table: CommutationTable) -> list[Int4Weight]:
@@ -259,4 +269,5 @@ def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrec
 
 
 __all__ = ["BITS16", "BITS4", "BITS8", "DomainPrecision", "Groups", "Int4Weight", "WeightPrecision", "assign",
-           "assign_weights", "chain_cuts", "cut_sources", "int16_groups", "int4_weights", "kept_int8", "weight_bits"]
+           "assign_weights", "chain_cuts", "cut_sources", "int16_groups", "int4_weights", "kept_int8", "undone_cuts",
+           "weight_bits"]

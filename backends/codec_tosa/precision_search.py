@@ -64,6 +64,7 @@ from codec_tosa.precision import (
     WeightPrecision,
     assign,
     kept_int8,
+    undone_cuts,
     weight_bits,
 )
 from codec_tosa.pytrees import tensor_leaves
@@ -269,8 +270,9 @@ class _Shared:
         its codes through (it is no transcode)."""
         for d, obs in self.observers.items():
             obs.bits = domains[d]
-        for d, src in self.cuts.items():
-            self.observers[d].passthrough = domains[d] == domains[src]
+        undone = undone_cuts(self.cuts, domains)
+        for d in self.cuts:
+            self.observers[d].undone_into = self.observers[undone[d]] if d in undone else None
         for op, bits in weights.items():
             self.weight_observers[op].bits = bits
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -102,6 +102,7 @@ from codec_tosa.precision import (
     int4_weights,
     int16_groups,
     kept_int8,
+    undone_cuts,
 )
 from codec_tosa.spec import AUTO, GPTQ, INT8, CodecSpec
 from codec_tosa.weight_rounding import apply_rounded, round_weights
@@ -130,10 +131,12 @@ class _Annotated:
     table: CommutationTable  # the spec's, with the rows derived from Arm's annotation
     arm: Mapping[str, QuantizationAnnotation]  # Arm's quantizer's annotation of the graph
     plain: tuple[int, ...]  # operators the target keeps in FP32
-    # at split_chains: the in-ports cut (`precision.chain_cuts`), and each cut's
-    # domain -> the domain its transcode reads
-    cut_ports: tuple[int, ...] = ()
-    cuts: Mapping[int, int] = field(default_factory=dict)
+    cut_ports: tuple[int, ...] = ()  # at split_chains: the in-ports cut (`precision.chain_cuts`)
+
+    @property
+    def cuts(self) -> dict[int, int]:
+        """Each cut's domain -> the domain its transcode reads."""
+        return cut_sources(self.graph, self.placement, self.cut_ports)
 
 
 class CodecQuantizer(Quantizer):
@@ -215,7 +218,7 @@ class CodecQuantizer(Quantizer):
         return _Annotated(graph, placement, {d: _key(e) for d, e in annotator.root.items()}, fp32, derived,
                           annotator.groups, annotator.precisions, annotator.fused_pairs(), annotator.int4,
                           annotator.weight_precisions, weight_roots or annotator.weight_roots, annotator.table,
-                          annotator.arm, plain, cuts, cut_sources(graph, placement, cuts))
+                          annotator.arm, plain, cuts)
 
     def _precisions(self, groups: Groups, num_domains: int) -> list[DomainPrecision]:
         if self._chosen is not None:
@@ -310,9 +313,8 @@ class CodecQuantizer(Quantizer):
         a = self._require()
         old = a.placement.plan
         chosen = {p.domain: p for p in a.precisions}
-        source = {p: old.value_domain[a.graph.in_value[p]] for p in a.cut_ports}
-        kept = tuple(p for p in a.cut_ports if chosen[old.in_domain[p]].bits != chosen[source[p]].bits)
-        undone = {old.in_domain[p] for p in set(a.cut_ports) - set(kept)}
+        undone = set(undone_cuts(a.cuts, {d: p.bits for d, p in chosen.items()}))
+        kept = tuple(p for p in a.cut_ports if old.in_domain[p] not in undone)
         for d in undone:
             self._observers.pop(a.roots[d], None)
         placement = self._place(a.graph, a.table, a.plain, kept)
@@ -361,13 +363,11 @@ class CodecQuantizer(Quantizer):
         a = self._require()
         for op, width in (weight_bits or {}).items():
             observers[a.weight_roots[op]].bits = width
+        changed = False
+        for d in undone_cuts(a.cuts, bits):  # a cut with one width on both sides: no transcode
+            changed |= _drop_observer(prepared, observers[a.roots[d]])
         names = {id(m): name for name, m in prepared.named_modules()}
         nodes = {n.name: n for n in prepared.graph.nodes}
-        changed = False
-        for d, s in a.cuts.items():  # a cut with one width on both sides: no transcode
-            if bits.get(d, BITS8) == bits.get(s, BITS8) and id(observers[a.roots[d]]) in names:
-                _drop_observer(prepared, names[id(observers[a.roots[d]])])
-                changed = True
         for d, key in a.roots.items():
             observer = observers[key]
             observer.bits = bits.get(d, BITS8)
@@ -845,28 +845,36 @@ class _Annotator:
             qscheme=torch.per_channel_symmetric, ch_axis=0)
 
 
-def _drop_observer(prepared: torch.fx.GraphModule, name: str) -> None:
-    """Take an undone cut's observer module `name` out of `prepared`: its readers read
-    its input, the observer of the domain the cut read. So do the derived observers
-    that named it (a bias's int32 codes are at input scale x weight scale: left at the
-    cut's, Arm's RESCALE, which takes the input's, would misread them)."""
-    dropped = getattr(prepared, name)
-    source: Any = None
-    for node in list(prepared.graph.nodes):
-        if node.op == "call_module" and node.target == name:
-            producer = node.args[0]
-            if not (isinstance(producer, torch.fx.Node) and producer.op == "call_module"):
-                raise AssertionError(f"split_chains: the cut observer {name} does not read an observer")
-            source = getattr(prepared, str(producer.target))
-            node.replace_all_uses_with(producer)
+def _drop_observer(prepared: torch.fx.GraphModule, dropped: Any) -> bool:
+    """Take an undone cut's observer `dropped` out of `prepared` (False: it is gone
+    already): at the cut's edge its readers read its input, the observer of the domain
+    the cut read, and its other ports (an average pool's output) take that observer
+    instead. PT2E registers a shared observer under one name per port, so the calls
+    are found by instance. So do the derived observers that named it (a bias's int32
+    codes are at input scale x weight scale: left at the cut's, Arm's RESCALE, which
+    takes the input's, would misread them)."""
+    modules = dict(prepared.named_modules(remove_duplicate=False))
+    calls = [n for n in prepared.graph.nodes if n.op == "call_module" and modules.get(str(n.target)) is dropped]
+    if not calls:
+        return False
+    edges = [n for n in calls if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "call_module"]
+    if not edges:
+        raise AssertionError(f"split_chains: the cut observer {calls[0].target} does not read an observer")
+    source_name = str(edges[0].args[0].target)
+    source = modules[source_name]
+    for node in calls:
+        if node in edges:
+            node.replace_all_uses_with(node.args[0])
             prepared.graph.erase_node(node)
+        else:
+            node.target = source_name
     for module in prepared.modules():
         shared = getattr(module, "obs_or_fqs", None)  # torchao's DerivedObserverOrFakeQuantize
         if isinstance(shared, list) and any(o is dropped for o in shared):
-            if source is None:
-                raise AssertionError(f"split_chains: no observer replaces the cut observer {name}")
             module.obs_or_fqs = [source if o is dropped else o for o in shared]
-    prepared.delete_submodule(name)
+    for name in [k for k, m in modules.items() if m is dropped]:
+        prepared.delete_submodule(name)
+    return True
 
 
 def _clamp_bounds(graph: PortGraph, op: int) -> tuple[float, float]:

@@ -385,25 +385,34 @@ def int16_sequence(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 class ConvChain(nn.Module):
     """A plain chain of convolutions (DS-CNN's shape): conv + relu, then depthwise and
-    pointwise pairs, each with a relu, a max pool, average pooling and a linear head.
-    Without cuts it is one precision group (`codec_tosa.precision`)."""
+    pointwise pairs, each with a relu, a max pool, average pooling and a linear head
+    (without `pooled`, the linear reads the flattened max pool). Without cuts it is
+    one precision group (`codec_tosa.precision`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pooled: bool = True) -> None:
         super().__init__()
         layers: list[nn.Module] = [nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()]
         for _ in range(3):
             layers += [nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.ReLU()]
         self.body = nn.Sequential(*layers)
-        self.fc = nn.Linear(8, 6)
+        self.pooled = pooled
+        self.fc = nn.Linear(8 if pooled else 8 * 4 * 4, 6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = nn.functional.max_pool2d(self.body(x), 2)
-        return self.fc(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
+        if self.pooled:
+            y = nn.functional.adaptive_avg_pool2d(y, 1)
+        return self.fc(y.flatten(1))
 
 
 def conv_chain(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return ConvChain().eval(), (torch.randn(1, 3, 8, 8),)
+
+
+def flat_conv_chain(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return ConvChain(pooled=False).eval(), (torch.randn(1, 3, 8, 8),)
 
 
 class ChunkConvs(nn.Module):

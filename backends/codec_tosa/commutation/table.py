@@ -28,6 +28,11 @@ serve (docs/DESIGN.md, "Operator facts"):
   at an integer target, an output of it that only the program output reads
   leaves the delegate as that accumulator instead (docs/DESIGN.md,
   "Accumulator outputs");
+* `averages`: the INT8 kernel averages its input over a window into an output
+  of the input's theta (TOSA's AVG_POOL2D has no scale), so the output's
+  precision is the input's: at ``split_chains`` a transcode may sit in front of
+  it, leaving its input narrower than its output (docs/DESIGN.md, "Precision
+  per domain");
 * `fuses_activation`: Arm's INT8 lowering folds a following relu (or
   relu6-style hardtanh) into the operator's output RESCALE
   (`FuseQuantizedActivationPass`) when nothing quantizes the value between
@@ -75,7 +80,7 @@ OUT = "out"
 
 
 _FACT_KEYS = ("weight_axis", "out_channel_axis", "bias", "bias_scale_of", "int8_lowering", "int8_refused_if",
-              "accumulates", "fuses_activation", "int16", "int4", "int8_kernels")
+              "accumulates", "averages", "fuses_activation", "int16", "int4", "int8_kernels")
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ class Row:
     int8_lowering: str | None = None
     int8_refused_if: tuple[str, ...] = ()
     accumulates: bool = False
+    averages: bool = False
     fuses_activation: bool = False
     int16: bool = False
     int4: bool = False
@@ -171,6 +177,7 @@ class Row:
             "int8_lowering": self.int8_lowering,
             "int8_refused_if": list(self.int8_refused_if),
             "accumulates": self.accumulates,
+            "averages": self.averages,
             "fuses_activation": self.fuses_activation,
             "int16": self.int16,
             "int4": self.int4,
@@ -197,6 +204,7 @@ class Row:
             int8_lowering=d.get("int8_lowering", base.int8_lowering),
             int8_refused_if=tuple(d.get("int8_refused_if", base.int8_refused_if)),
             accumulates=bool(d.get("accumulates", base.accumulates)),
+            averages=bool(d.get("averages", base.averages)),
             fuses_activation=bool(d.get("fuses_activation", base.fuses_activation)),
             int16=bool(d.get("int16", base.int16)),
             int4=bool(d.get("int4", base.int4)),
@@ -258,7 +266,7 @@ def _averaging(target: str, src: str = "self") -> Row:
     # onto a REDUCE_SUM + rescale) take an input and an output zero point but no
     # scale: input and output share one theta, as in Arm's own annotator. An
     # average stays within its inputs' range, so the shared theta loses nothing.
-    return Row(target, "I", (src, OUT), ((src, OUT),))
+    return Row(target, "I", (src, OUT), ((src, OUT),), averages=True)
 
 
 def _fp32(*targets: str) -> list[Row]:
@@ -347,8 +355,7 @@ def _int16_targets(rows: list[Row]) -> set[str]:
     the simulation does not model."""
     computes = {"aten.convolution.default", "aten.conv1d.default", "aten.conv2d.default", "aten.linear.default",
                 *(f"aten.{op}.Tensor" for op in ("add", "sub", "mul", "add_", "sub_", "mul_"))}
-    averaging = {"aten.avg_pool2d.default", "aten.mean.dim", "aten.mean.default",
-                 "aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default"}
+    averaging = {r.target for r in rows if r.averages}
     # rows that only move or clamp codes: layout, cat, pad, max pool, nearest upsampling, relu/clamp
     moving = {r.target for r in rows if r.moves_codes and r.policy is not None}
     return computes | averaging | moving | set(CLAMPING_TARGETS)
