@@ -21,9 +21,10 @@ may cut it: each convolution's or average pool's coded input that is the only
 reader of a value another operator wrote (`chain_cuts`) gets a domain of its own
 behind a transcode, tied only to that operator's output. A pool's output has its
 input's scale, so a classifier can read INT16 codes from a pool whose input stays
-INT8: the pool averages the input's rounding away, not its own output's. Where the search leaves both
-sides of a cut one width, the cut is undone (`CodecQuantizer.choose_precision`),
-so a transcode stays only where the widths change.
+INT8: the pool averages the input's rounding away, not its own output's. Where the
+search leaves both sides of a cut one width, the cut is undone
+(`CodecQuantizer.choose_precision`), so a transcode stays only where the widths
+change.
 
 Weights have a width of their own: INT8, or INT4 (Arm's a8w4) where the row says
 Arm lowers it (`Row.int4`: convolutions and linears) and the input domain is

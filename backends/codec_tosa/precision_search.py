@@ -266,8 +266,8 @@ class _Shared:
         return self.vela
 
     def apply(self, domains: Mapping[int, int], weights: Mapping[int, int]) -> None:
-        """Give the observers these widths; a cut with one width on both sides passes
-        its codes through (it is no transcode)."""
+        """Give the observers these widths; a cut with one width on both sides is no
+        transcode: its ports carry the codes of the domain it reads."""
         for d, obs in self.observers.items():
             obs.bits = domains[d]
         undone = undone_cuts(self.cuts, domains)
