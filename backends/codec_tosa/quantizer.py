@@ -847,12 +847,12 @@ class _Annotator:
 
 def _drop_observer(prepared: torch.fx.GraphModule, dropped: Any) -> bool:
     """Take an undone cut's observer `dropped` out of `prepared` (False: it is gone
-    already): at the cut's edge its readers read its input, the observer of the domain
-    the cut read, and its other ports (an average pool's output) take that observer
-    instead. PT2E registers a shared observer under one name per port, so the calls
-    are found by instance. So do the derived observers that named it (a bias's int32
-    codes are at input scale x weight scale: left at the cut's, Arm's RESCALE, which
-    takes the input's, would misread them)."""
+    already). At the cut's edge its readers read its input, the observer of the domain
+    the cut read; its other ports (an average pool's output) and the derived observers
+    that named it (a bias's int32 codes are at input scale x weight scale: left at the
+    cut's, Arm's RESCALE, which takes the input's, would misread them) take that
+    observer instead. PT2E registers a shared observer under one name per port, so the
+    calls are found by instance."""
     modules = dict(prepared.named_modules(remove_duplicate=False))
     calls = [n for n in prepared.graph.nodes if n.op == "call_module" and modules.get(str(n.target)) is dropped]
     if not calls:
