@@ -33,6 +33,9 @@ Per model and Ethos-U target, every flow gets the same module, calibration and h
 * ``ours-split+gptq@a16w8``, ``@a16w8-0.5``: the same with ``split_chains=True``: a chain
   of convolutions may change width at a convolution's input (docs/DESIGN.md, "Precision
   per domain");
+* ``ours-auto+gptq-cal@a16w8-0.5``, ``ours-split+gptq-cal@a16w8-0.5``: the same, GPTQ
+  rounding on the calibration inputs instead of the search data, so that the search
+  scores its budget on inputs the rounding did not fit;
 * ``ours-w4+gptq@a8w8``: ``weights="auto"`` with GPTQ, held to stock a8w8's SQNR there;
 * ``ours-deploy+w4+gptq`` (trained models): ``ours-deploy+w4`` with GPTQ.
 
@@ -159,10 +162,11 @@ def _stock_quantizer(target: str, config: str, hand: Sequence[str] = ()) -> Any:
 
 
 def _searched(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], auto: bool = True,
-              search: list[tuple] | None = None) -> tuple[torch.fx.GraphModule, float]:
+              search: list[tuple] | None = None, rounding: list[tuple] | None = None
+              ) -> tuple[torch.fx.GraphModule, float]:
     """The PT2E module prepared with `quantizer` and calibrated, with
     ``choose_precision`` run when `auto` (on `search`, or the first SEARCH_INPUTS
-    calibration inputs); and the search's seconds."""
+    calibration inputs; GPTQ on `rounding`, default the same); and the search's seconds."""
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     with torch.no_grad():
@@ -172,7 +176,7 @@ def _searched(quantizer: Any, module: torch.nn.Module, example: tuple, calib: li
         if not auto:
             return prepared, 0.0
         t = time.perf_counter()
-        quantizer.choose_precision(prepared, search if search is not None else calib[:SEARCH_INPUTS])
+        quantizer.choose_precision(prepared, search if search is not None else calib[:SEARCH_INPUTS], rounding)
     return prepared, time.perf_counter() - t
 
 
@@ -195,17 +199,19 @@ def _stock_score(target: str, config: str, module: torch.nn.Module, example: tup
 
 
 def _lower(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[tuple], target: str,
-           auto: bool = False, search: list[tuple] | None = None) -> dict[str, Any]:
+           auto: bool = False, search: list[tuple] | None = None, rounding: list[tuple] | None = None
+           ) -> dict[str, Any]:
     """Arm's PT2E flow with `quantizer` (``choose_precision`` between calibration and
-    convert when `auto`, on `search` or the first SEARCH_INPUTS calibration inputs),
-    lowered with EthosUPartitioner; the artefact and its figures."""
+    convert when `auto`, on `search` or the first SEARCH_INPUTS calibration inputs,
+    GPTQ on `rounding` or the same), lowered with EthosUPartitioner; the artefact and
+    its figures."""
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     from codec_tosa import arm_adapter
 
     t = time.perf_counter()
-    prepared, search_s = _searched(quantizer, module, example, calib, auto, search)
+    prepared, search_s = _searched(quantizer, module, example, calib, auto, search, rounding)
     with torch.no_grad():
         program = torch.export.export(convert_pt2e(prepared), example)
     partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(target))
@@ -453,18 +459,22 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
             if config not in stock_scores:
                 stock_scores[config] = _stock_score(target, config, module, example, calib, fresh)
             return stock_scores[config]
-        for config, slack, precision, weights, split in (
-                ("a16w8", 0.0, "auto", "int8", False), ("a16w8", 0.5, "auto", "int8", False),
-                ("a8w8", 0.0, "int8", "auto", False),
-                ("a16w8", 0.0, "auto", "int8", True), ("a16w8", 0.5, "auto", "int8", True)):
+        for config, slack, precision, weights, split, separate in (
+                ("a16w8", 0.0, "auto", "int8", False, False), ("a16w8", 0.5, "auto", "int8", False, False),
+                ("a8w8", 0.0, "int8", "auto", False, False),
+                ("a16w8", 0.0, "auto", "int8", True, False), ("a16w8", 0.5, "auto", "int8", True, False),
+                ("a16w8", 0.5, "auto", "int8", False, True), ("a16w8", 0.5, "auto", "int8", True, True)):
             # activations searched against a16w8's accuracy (and 0.5 dB below it, the
-            # issue's line), with chains of convolutions whole or split; weights against a8w8's
+            # issue's line), with chains of convolutions whole or split; weights against
+            # a8w8's. GPTQ rounds on the search data, or (`separate`, the "-cal" flows) on
+            # the calibration inputs, so that the search scores on inputs GPTQ did not fit
             def held_to_stock(c: str = config, d: float = slack, p: str = precision, w: str = weights,
-                              cut: bool = split) -> tuple[dict[str, Any], dict[str, Any]]:
+                              cut: bool = split, sep: bool = separate) -> tuple[dict[str, Any], dict[str, Any]]:
                 b = stock_score(c) - d
                 q = CodecQuantizer(CodecSpec(policy="I", target=target, precision=p, weights=w, budget=b,
                                              weight_rounding="gptq", split_chains=cut))
-                low = _lower(q, module, example, calib, target, auto=True, search=fresh)
+                low = _lower(q, module, example, calib, target, auto=True, search=fresh,
+                             rounding=calib if sep else None)
                 r = q.search_result
                 return low, {"budget": f"stock {c}'s search-data SQNR" + (f" - {d:g} dB" if d else ""),
                              "budget_db": b, "search_score_db": r.score,
@@ -475,7 +485,8 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                              "search_lowerings": r.lowerings, "priced_in_bytes": r.priced_in_bytes,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
             name = "split" if split else "auto" if precision == "auto" else "w4"
-            record(f"ours-{name}+gptq@{config}" + (f"-{slack:g}" if slack else ""), held_to_stock)
+            record(f"ours-{name}+gptq{'-cal' if separate else ''}@{config}" + (f"-{slack:g}" if slack else ""),
+                   held_to_stock)
         if labels:
             record("ours-deploy+w4+gptq", lambda: deploy_w4("gptq"))
         if hand:
@@ -539,6 +550,7 @@ def goals(data: dict[str, Any], target: str = "ethos-u85-256") -> str:
     head = ["model", "int8+gptq: x a8w8 cycles, dB vs a8w8", "int16+gptq: dB vs a16w8",
             "auto+gptq@a16w8: % of a16w8 cycles, dB vs a16w8", "auto+gptq@a16w8-0.5: the same",
             "split+gptq@a16w8: the same", "split+gptq@a16w8-0.5: the same",
+            "auto+gptq-cal@a16w8-0.5: the same", "split+gptq-cal@a16w8-0.5: the same",
             "w4+gptq@a8w8: weight bytes, dB vs a8w8",
             "deploy+w4+gptq: weight bytes, disagree (a8w8's)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -569,6 +581,8 @@ def goals(data: dict[str, Any], target: str = "ethos-u85-256") -> str:
                                        cell("ours-auto+gptq@a16w8-0.5", a16, "share"),
                                        cell("ours-split+gptq@a16w8", a16, "share"),
                                        cell("ours-split+gptq@a16w8-0.5", a16, "share"),
+                                       cell("ours-auto+gptq-cal@a16w8-0.5", a16, "share"),
+                                       cell("ours-split+gptq-cal@a16w8-0.5", a16, "share"),
                                        cell("ours-w4+gptq@a8w8", a8, "bytes"),
                                        cell("ours-deploy+w4+gptq", a8, "top1")]) + " |")
     return "\n".join(out)

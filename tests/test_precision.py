@@ -23,7 +23,7 @@ from codec_tosa.graph import PortGraph
 from codec_tosa.observers import DomainObserver
 from codec_tosa.placement import place
 from codec_tosa import precision_search
-from codec_tosa.precision import BITS4, BITS8, BITS16, chain_cuts, int16_groups
+from codec_tosa.precision import BITS4, BITS8, BITS16, chain_cuts, cut_sources, int16_groups
 from codec_tosa.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.executorch_runner import run_pte_recorded
 from codec_tosa.runtime.pte import delegate_payload
@@ -33,7 +33,7 @@ from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
 from codec_tosa.tools.compiler import compile_module
 from codec_tosa.tools.validate import Verdict, validate
-from codec_tosa.traffic import domain_code_elements, measure
+from codec_tosa.traffic import CodeBytes, domain_code_elements, measure
 
 
 def _compile(tmp_path: Path, name: str, **spec: object):
@@ -729,3 +729,51 @@ def test_the_traffic_model_counts_each_domains_extra_byte():
     assert measure(graph, sem, plan, widths=[1] * n).traffic_bytes == base.traffic_bytes
     assert measure(graph, sem, plan, widths=[2] * n).traffic_bytes == base.traffic_bytes + sum(elements)
     assert all(e > 0 for e in elements)
+
+
+def test_a_cut_moves_bytes_only_where_its_two_sides_differ_in_width():
+    """At one width everywhere the split plan moves what the unsplit one does (every cut
+    undone: no transcode); a cut between INT8 and INT16 adds its RESCALE's read of the
+    source's codes and write of its own, beside its domain's wider codes."""
+    m, x = small_models.conv_chain()
+    graph, placement, _ = _groups(m, x)
+    table = CommutationTable.default()
+    ports = chain_cuts(graph, placement, table)
+    cut = place(graph, table, "I", "nonlocal+share", cuts=ports)
+    sem, plan = cut.semantics, cut.plan
+    code_bytes = CodeBytes.of(graph, sem, plan, cut_sources(graph, cut, ports))
+    unsplit = domain_code_elements(graph, placement.semantics, placement.plan)
+    n = len(plan.domains)
+    for bits in (BITS8, BITS16):
+        assert code_bytes({d: bits for d in range(n)}) == sum(unsplit) * bits // 8
+    int8 = {d: BITS8 for d in range(n)}
+    for p in ports:
+        d, src = plan.in_domain[p], plan.value_domain[graph.in_value[p]]
+        moved = graph.numel(graph.in_value[p])
+        # the cut's domain: its readers' codes at two bytes, and the transcode's read and write
+        assert code_bytes({**int8, d: BITS16}) - code_bytes(int8) == code_bytes.elements[d] + 3 * moved
+        assert code_bytes.elements[d] >= moved  # the reader of the cut reads every element
+
+
+def test_gptq_rounds_on_the_rounding_data_when_given():
+    """GPTQ fits the weights to the inputs it rounds on, so a search that scores on those
+    inputs scores optimistically; `choose_precision(prepared, data, rounding_data)` rounds
+    on `rounding_data` alone: the weights are those a call rounding on it gives, not those
+    `data` gives."""
+    from codec_tosa.observers import WeightObserver
+
+    def inputs(x, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.randn(x[0].shape, generator=g),) for _ in range(6)]
+
+    def rounded(data_seed: int, rounding_seed: int | None = None) -> list[torch.Tensor]:
+        _, x, quantizer, prepared, _ = _prepared("mobile_block", precision="int8", weight_rounding="gptq")
+        rounding = None if rounding_seed is None else inputs(x, rounding_seed)
+        quantizer.choose_precision(prepared, inputs(x, data_seed), rounding)
+        weights = [m.rounded[BITS8] for m in prepared.modules() if isinstance(m, WeightObserver)]
+        assert weights
+        return weights
+
+    on_a, on_b, searched_a_rounded_b = rounded(1), rounded(2), rounded(1, 2)
+    assert all(torch.equal(w, v) for w, v in zip(searched_a_rounded_b, on_b))
+    assert not all(torch.equal(w, v) for w, v in zip(on_a, on_b))

@@ -11,8 +11,9 @@ It starts from the cheapest assignment the spec allows: every searched domain
 INT8, every searched weight INT4 where it may be (`precision.int4_weights`). A
 *move* makes it wider: one int16 group (`precision.Groups`) at INT16, or one weight
 at INT8. A move's cost is the bytes it adds per inference in the traffic model
-(an INT16 domain moves each of its code elements in two bytes, not one:
-`traffic.domain_code_elements`; a weight at INT8 is half a byte more per element;
+(an INT16 domain moves each of its code elements in two bytes, not one, and a
+split_chains cut between two widths is a transcode that reads one and writes the
+other: `traffic.CodeBytes`; a weight at INT8 is half a byte more per element;
 an INT16 group also takes the INT4 weights it feeds back to INT8, as TOSA has no
 int16 x int4 convolution).
 
@@ -69,7 +70,7 @@ from codec_tosa.precision import (
 )
 from codec_tosa.pytrees import tensor_leaves
 from codec_tosa.spec import AUTO, INT4
-from codec_tosa.traffic import domain_code_elements
+from codec_tosa.traffic import CodeBytes
 from codec_tosa.vela_cost import VelaCycles
 
 Metric = Callable[[list[torch.Tensor], list[torch.Tensor]], float]
@@ -152,7 +153,8 @@ class _Space:
         # a move: ("group", g) or ("weight", k); weights only where INT4 may hold
         self.moves = [("group", g) for g in range(len(self.groups))]
         self.moves += [("weight", k) for k in range(len(self.weights)) if self.weights_searched]
-        self.elements = domain_code_elements(a.graph, a.placement.semantics, a.placement.plan)
+        # without whole_chains a cut may be kept: a transcode the domains' bytes include
+        self.code_bytes = CodeBytes.of(a.graph, a.placement.semantics, a.placement.plan, a.cuts)
 
     def _whole(self, groups: list[tuple[int, ...]], cuts: Mapping[int, int], blocked: Mapping[int, str]
                ) -> list[tuple[int, ...]]:
@@ -188,7 +190,7 @@ class _Space:
         """Bytes per inference over the cheapest assignment."""
         base_d, d = self.domain_bits(frozenset()), self.domain_bits(moves)
         base_w, w = self.weight_bits(frozenset(), base_d), self.weight_bits(moves, d)
-        extra = sum(self.elements[k] * (d[k] - base_d[k]) // 8 for k in d)
+        extra = self.code_bytes(d) - self.code_bytes(base_d)
         extra += sum(x.elements * WEIGHT_BYTES_PER_ELEMENT for x in self.weights if w[x.op] > base_w[x.op])
         return int(extra)
 

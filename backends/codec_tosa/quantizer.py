@@ -271,12 +271,16 @@ class CodecQuantizer(Quantizer):
         """The domains that can be INT16, as groups sharing one precision."""
         return self._require().groups
 
-    def choose_precision(self, prepared: torch.fx.GraphModule, data: Any) -> list[DomainPrecision]:
+    def choose_precision(self, prepared: torch.fx.GraphModule, data: Any, rounding_data: Any = None
+                         ) -> list[DomainPrecision]:
         """At ``precision="auto"`` (or ``weights="auto"``): search each domain's (and
         weight's) width under the spec's budget on `data` (input tuples; the calibration
         data), then set it on `prepared`'s observers, so that ``convert_pt2e(prepared)``
         builds the mixed-precision program. At ``weight_rounding="gptq"``, first round
-        the weights on `data` (`weight_rounding`), whatever the widths. Call it between
+        the weights on `rounding_data` (`weight_rounding`; default `data`), whatever the
+        widths. GPTQ fits the weights to the inputs it sees, so a search that scores on
+        them scores optimistically: give it other inputs to keep its budget honest
+        (benchmarks/RESULTS.md, "Rounding and search on separate data"). Call it between
         calibration and convert_pt2e; returns the domains' widths and why each was
         chosen (`weight_precisions`: the weights')."""
         from codec_tosa.precision_search import search
@@ -288,7 +292,7 @@ class CodecQuantizer(Quantizer):
                              "the widths are fixed at annotation and the rounding is nearest")
         if self.spec.weight_rounding == GPTQ:
             widths = (BITS8,) if self.spec.weights == INT8 else (BITS8, BITS4)
-            self.rounding_skipped = round_weights(prepared, list(data), widths)
+            self.rounding_skipped = round_weights(prepared, list(data if rounding_data is None else rounding_data), widths)
         if not self.spec.searched:
             self.set_widths(prepared, {p.domain: p.bits for p in a.precisions},
                             {w.op: w.bits for w in a.weight_precisions})

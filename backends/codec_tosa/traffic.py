@@ -18,9 +18,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from codec_tosa.graph import CONSTANT, PortGraph
-from codec_tosa.placement.plan import DECODE, ENCODE, Plan
+from codec_tosa.placement.plan import DECODE, ENCODE, TRANSCODE, Plan
 from codec_tosa.placement.semantics import PLAIN, WEIGHT, Semantics
 
 CODE_BYTES = 1  # INT8 codes
@@ -86,6 +87,35 @@ def domain_code_elements(graph: PortGraph, sem: Semantics, plan: Plan) -> list[i
             if d is not None and d >= 0:
                 out[d] += c.elements
     return out
+
+
+@dataclass(frozen=True)
+class CodeBytes:
+    """Bytes per inference the domains' codes move at given widths, where some
+    transcodes are chain cuts (`precision.cut_sources`: cut domain -> source). A cut
+    is an operator only where its two sides differ in width: then its RESCALE reads
+    the source's codes and writes its own; a cut whose sides share a width is undone
+    and moves nothing (docs/DESIGN.md, "Precision per domain")."""
+
+    elements: list[int]  # per domain: domain_code_elements, less the cuts' transcodes
+    cuts: list[tuple[int, int, int]]  # (cut domain, source domain, elements)
+
+    @classmethod
+    def of(cls, graph: PortGraph, sem: Semantics, plan: Plan, cuts: Mapping[int, int]) -> "CodeBytes":
+        elements = domain_code_elements(graph, sem, plan)
+        transcodes = []
+        for c in plan.codecs:
+            if c.kind == TRANSCODE and c.source is not None and cuts.get(c.domain) == c.source:
+                elements[c.domain] -= c.elements
+                elements[c.source] -= c.elements
+                transcodes.append((c.domain, c.source, c.elements))
+        return cls(elements, transcodes)
+
+    def __call__(self, bits: Mapping[int, int]) -> int:
+        """The bytes at `bits` (per domain, in bits per code)."""
+        total = sum(e * bits[d] for d, e in enumerate(self.elements))
+        total += sum(n * (bits[d] + bits[s]) for d, s, n in self.cuts if bits[d] != bits[s])
+        return total // 8
 
 
 def encoded_constants(graph: PortGraph, sem: Semantics) -> list[bool]:
