@@ -153,7 +153,7 @@ class _Space:
         # a move: ("group", g) or ("weight", k); weights only where INT4 may hold
         self.moves = [("group", g) for g in range(len(self.groups))]
         self.moves += [("weight", k) for k in range(len(self.weights)) if self.weights_searched]
-        # without whole_chains a cut may be kept: a transcode the domains' bytes include
+        # a cut moves bytes only where a move gives its two sides two widths (never with whole_chains)
         self.code_bytes = CodeBytes.of(a.graph, a.placement.semantics, a.placement.plan, a.cuts)
 
     def _whole(self, groups: list[tuple[int, ...]], cuts: Mapping[int, int], blocked: Mapping[int, str]

@@ -292,7 +292,8 @@ class CodecQuantizer(Quantizer):
                              "the widths are fixed at annotation and the rounding is nearest")
         if self.spec.weight_rounding == GPTQ:
             widths = (BITS8,) if self.spec.weights == INT8 else (BITS8, BITS4)
-            self.rounding_skipped = round_weights(prepared, list(data if rounding_data is None else rounding_data), widths)
+            fitted = data if rounding_data is None else rounding_data
+            self.rounding_skipped = round_weights(prepared, list(fitted), widths)
         if not self.spec.searched:
             self.set_widths(prepared, {p.domain: p.bits for p in a.precisions},
                             {w.op: w.bits for w in a.weight_precisions})
