@@ -140,9 +140,12 @@ ETHOS_U_BACKEND_ID = "EthosUBackend"
 TOSA_BACKEND_ID = "TOSABackend"  # Arm's stock TOSA delegate: a TOSA flatbuffer, as ours
 
 
-def arm_quantizer(tosa_spec: str, ethos_u_target: str | None = None) -> Any:
+def arm_quantizer(tosa_spec: str, ethos_u_target: str | None = None,
+                  selection: dict[str, Any] | None = None) -> Any:
     """Arm's stock PT2E quantizer for the target, with its symmetric INT8 config
-    everywhere: `CodecQuantizer` asks it which operators Arm's INT flow takes."""
+    everywhere, or where `selection` selects (``{"global": bool, "types": {type: bool},
+    "names": {name: bool}}``; False: None, the module left unquantized): `CodecQuantizer`
+    asks it which operators Arm's INT flow takes."""
     from executorch.backends.arm.quantizer import (
         EthosUQuantizer,
         TOSAQuantizer,
@@ -151,8 +154,35 @@ def arm_quantizer(tosa_spec: str, ethos_u_target: str | None = None) -> Any:
 
     quantizer = (EthosUQuantizer(ethos_u_compile_spec(ethos_u_target)) if ethos_u_target
                  else TOSAQuantizer(tosa_compile_spec(tosa_spec)))
-    quantizer.set_global(get_symmetric_quantization_config())
+    config = get_symmetric_quantization_config()
+    if selection is None:
+        quantizer.set_global(config)
+        return quantizer
+    quantizer.set_global(config if selection["global"] else None)
+    for module_type, on in selection["types"].items():
+        quantizer.set_module_type(module_type, config if on else None)
+    for name, on in selection["names"].items():
+        quantizer.set_module_name(name, config if on else None)
     return quantizer
+
+
+def target_of_compile_spec(compile_spec: Any) -> str:
+    """The codec_tosa target an Arm compile spec lowers for (``ethos-u55-128``, ``vgf``,
+    ``tosa``), so that `CodecQuantizer(compile_spec)` stands where Arm's quantizers take one.
+
+    Raises TypeError, one line, for anything that is not an Arm compile spec."""
+    from executorch.backends.arm.common.arm_compile_spec import ArmCompileSpec
+    from executorch.backends.arm.ethosu import EthosUCompileSpec
+    from executorch.backends.arm.vgf import VgfCompileSpec
+
+    if isinstance(compile_spec, EthosUCompileSpec):
+        return str(compile_spec.target)
+    if isinstance(compile_spec, VgfCompileSpec):
+        return "vgf"
+    if isinstance(compile_spec, ArmCompileSpec):
+        return "tosa"
+    raise TypeError(f"expected a CodecSpec or an Arm compile spec (TosaCompileSpec, EthosUCompileSpec, "
+                    f"VgfCompileSpec), not {type(compile_spec).__name__}")
 
 
 def ethos_u_compile_spec(target: str) -> Any:
@@ -182,9 +212,35 @@ def vela_available() -> bool:
     return bool(getattr(arm_vela, "has_vela", False))
 
 
+def run_vela(tosa: bytes, compile_flags: str, directory: str) -> Any:
+    """Vela on `tosa` with an Ethos-U delegate's own compile flags (as its .pte records
+    them), as `EthosUBackend` runs it, its output kept in `directory`: a `VelaRun`
+    (`vela_summary.read_vela_summary(run.directory)` reads its figures). Vela is
+    deterministic, so these are the figures of the run that made the delegate."""
+    import contextlib
+    import io
+
+    from executorch.backends.arm.arm_vela import vela_compile
+
+    printed = io.StringIO()
+    run = VelaRun(bytes(tosa), directory)
+    with contextlib.redirect_stdout(printed):
+        vela_compile(bytes(tosa), compile_flags.split(), intermediate_path=directory)
+    run.log = printed.getvalue()
+    return run
+
+
 # VgfBackend preprocesses every VGF delegate; its TOSA step runs ours for a
 # planned partition (arm_private.install_vgf_tosa_lowering, docs/DESIGN.md, "The VGF target").
 VGF_BACKEND_ID = "VgfBackend"
+
+
+def vgf_partitioner() -> Any:
+    """Arm's stock VGF partitioner at its default compile spec (TOSA-1.0+FP+INT, int16,
+    int4): what lowers an integer VGF program `CodecQuantizer` made."""
+    from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
+
+    return VgfPartitioner(VgfCompileSpec())
 
 
 def vgf_compile_spec_entries(tosa_spec: str, intermediates: str | None = None) -> list[CompileSpec]:

@@ -237,6 +237,7 @@ class VelaRun:
     directory: str
     log: str = ""
     refused: str = ""
+    flags: tuple[str, ...] = ()  # the compile flags it was given (the delegate's Vela configuration)
 
 
 @contextmanager
@@ -257,7 +258,7 @@ def vela_runs_kept(directory: str) -> Iterator[list[VelaRun]]:
              intermediate_path: str | None = None, **kwargs: Any) -> Any:
         path = os.path.join(directory, f"delegate_{len(runs)}")
         os.makedirs(path, exist_ok=True)
-        run = VelaRun(bytes(tosa_flatbuffer), path)
+        run = VelaRun(bytes(tosa_flatbuffer), path, flags=tuple(args))
         runs.append(run)
         printed = io.StringIO()
         try:

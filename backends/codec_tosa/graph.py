@@ -183,6 +183,8 @@ class PortGraph:
                     if isinstance(a, torch.fx.Node) and a in value_of
                 ]
                 b.graph_output([v for _, v in uses], fx_uses=[u for u, _ in uses])
+            elif node.op == "call_module" and not node.users:
+                continue  # torch.export's input guard (`.module()`'s `_guards_fn`): no ports
             elif node.op == "call_module":
                 raise GraphError(f"node {node.name}: call_module is not supported; export the model first")
         return b.finish()

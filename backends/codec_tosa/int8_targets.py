@@ -64,6 +64,10 @@ class Int8Target:
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         raise NotImplementedError
 
+    def select(self, selection: Any) -> None:
+        """Select modules on the target's own quantizer as `CodecQuantizer` selects them
+        (`module_selection.ModuleSelection`), where its flow depends on it."""
+
     def annotations(self, model: torch.fx.GraphModule) -> dict[str, QuantizationAnnotation]:
         return {}
 
@@ -80,8 +84,15 @@ class ArmTarget(Int8Target):
     name = "arm"
 
     def __init__(self, tosa_spec: str, ethos_u_target: str | None) -> None:
+        self._specs = (tosa_spec, ethos_u_target)
         self.quantizer = arm_adapter.arm_quantizer(tosa_spec, ethos_u_target)
         arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind an Ethos-U payload
+
+    def select(self, selection: Any) -> None:
+        """Arm's quantizer with the same modules selected: its transforms then leave the
+        operators of a module left out whole (Arm's `disallow_tfa`), as in Arm's own
+        partial-quantization flow, and its annotation names only the selected ones."""
+        self.quantizer = arm_adapter.arm_quantizer(*self._specs, selection=selection.arm_configs())
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         MeanToAvgPoolPass()(model)  # one AVG_POOL2D, not Arm's sum and product (the pass says why)

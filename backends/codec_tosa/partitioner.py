@@ -54,6 +54,9 @@ class CodecTosaPartitioner(Partitioner):
             raise ValueError("CodecTosaPartitioner: --target xnnpack is lowered by XNNPACK's own partitioner: "
                              "quantize with CodecQuantizer(spec), then to_edge_transform_and_lower(ep, "
                              "partitioner=[XnnpackPartitioner()])")
+        if spec_.target == "vgf" and spec_.integer_only:
+            raise ValueError("CodecTosaPartitioner: an integer VGF is Arm's: quantize with CodecQuantizer(spec), "
+                             "then lower with VgfPartitioner(VgfCompileSpec()) (README, \"VGF\")")
         if spec_.ethos_u:
             arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
             arm_spec.dump_intermediate_artifacts_to(intermediates)

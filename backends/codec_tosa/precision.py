@@ -45,7 +45,7 @@ from codec_tosa.graph import PortGraph
 from codec_tosa.placement import Placement
 from codec_tosa.placement.semantics import CODE, WEIGHT
 from codec_tosa.placement.unionfind import UnionFind
-from codec_tosa.spec import AUTO, INT4, INT16, CodecSpec
+from codec_tosa.spec import AUTO, INT4, INT8, INT16, CodecSpec
 
 BITS4, BITS8, BITS16 = 4, 8, 16
 
@@ -231,39 +231,47 @@ def kept_int8(weight: Int4Weight) -> str:
     return f"int8: its input domain {weight.input_domain} is int16 (TOSA has no int16 x int4 convolution)"
 
 
-def assign_weights(spec: CodecSpec, weights: list[Int4Weight], domain_bits: Mapping[int, int]
-                   ) -> list[WeightPrecision]:
-    """Each weight's width for the spec's fixed weight precision (not ``auto``)."""
+def assign_weights(spec: CodecSpec, weights: list[Int4Weight], domain_bits: Mapping[int, int],
+                   asked: Mapping[int, str] | None = None) -> list[WeightPrecision]:
+    """Each weight's width for the spec's fixed weight precision (not ``auto``), or, given
+    `asked` (operator -> the weights its module selection asks, `module_selection`), each
+    operator's own."""
     if spec.weights == AUTO:
         raise ValueError("weights auto: the widths are the search's (precision_search.search)")
     out = []
     for w in weights:
-        bits = weight_bits(w, spec.weights == INT4, domain_bits)
-        why = f"weights {spec.weights}" if bits == BITS4 or spec.weights != INT4 else kept_int8(w)
+        wanted = spec.weights if asked is None else asked.get(w.op, INT8)
+        bits = weight_bits(w, wanted == INT4, domain_bits)
+        why = f"weights {wanted}" if bits == BITS4 or wanted != INT4 else kept_int8(w)
         out.append(WeightPrecision(w.op, w.name, bits, why))
     return out
 
 
-def assign(spec: CodecSpec, groups: Groups, num_domains: int) -> list[DomainPrecision]:
-    """Each domain's width for the spec's fixed precision (not ``auto``: the search's)."""
+def assign(spec: CodecSpec, groups: Groups, num_domains: int,
+           asked: Mapping[int, str] | None = None) -> list[DomainPrecision]:
+    """Each domain's width for the spec's fixed precision (not ``auto``: the search's), or,
+    given `asked` (domain -> why: the module selections asking it INT16,
+    `module_selection`), INT16 exactly where asked, as `int16_domains` asks."""
     if spec.precision == AUTO:
         raise ValueError("precision auto: the widths are the search's (precision_search.search)")
     wanted = set(spec.int16_domains)
     unknown = sorted(d for d in wanted if not 0 <= d < num_domains)
     if unknown:
         raise ValueError(f"int16_domains: no domain {unknown[0]} (the plan has {num_domains}: 0..{num_domains - 1})")
-    needed = {d for g in groups.groups if wanted & set(g) for d in g}
+    by_module = {d: why for d, why in (asked or {}).items() if d not in groups.blocked}
+    needed = {d for g in groups.groups if (wanted | set(by_module)) & set(g) for d in g}
     out: list[DomainPrecision] = []
     for d in range(num_domains):
         if d in groups.blocked:
             if d in wanted:
                 raise ValueError(f"int16_domains: domain {d} cannot be int16: {groups.blocked[d]}")
             out.append(DomainPrecision(d, BITS8, groups.blocked[d]))
-        elif spec.precision == INT16:
+        elif spec.precision == INT16 and asked is None:
             out.append(DomainPrecision(d, BITS16, "precision int16"))
-        elif d in wanted or d in needed:
-            out.append(DomainPrecision(d, BITS16, "int16_domains" if d in wanted
-                                       else "has one precision with an int16_domains domain"))
+        elif d in wanted or d in by_module or d in needed:
+            why = "int16_domains" if d in wanted else by_module.get(d)
+            shared = "an int16_domains domain" if asked is None else "a domain asked int16"
+            out.append(DomainPrecision(d, BITS16, why or f"has one precision with {shared}"))
         else:
             out.append(DomainPrecision(d, BITS8, "precision int8"))
     return out

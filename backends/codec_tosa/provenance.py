@@ -55,3 +55,15 @@ def read_provenance(specs: Sequence[Any]) -> dict[str, Any]:
             raw = s.value if isinstance(s.value, (bytes, bytearray)) else bytes(s.value)
             out["tosa_spec"] = raw.decode()
     return out
+
+
+def foreign_specs(specs: Sequence[Any]) -> dict[str, str]:
+    """The compile specs that are not codec_tosa's, as text (Arm's ``compile_flags``,
+    ``debug_artifact_path``, ...): what `codec-tosa report` needs to re-run Vela."""
+    out: dict[str, str] = {}
+    for s in specs:
+        key = s.key if isinstance(s.key, str) else s.key.decode()
+        if not key.startswith(PREFIX):
+            raw = s.value if isinstance(s.value, (bytes, bytearray)) else bytes(s.value)
+            out[key] = raw.decode(errors="replace")
+    return out

@@ -53,7 +53,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
@@ -69,12 +69,14 @@ from torchao.quantization.pt2e.quantizer import (
 )
 from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
+from codec_tosa import arm_adapter
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
 from codec_tosa.codecs.base import Theta
 from codec_tosa.codecs.int16 import QMAX16, QMIN16
 from codec_tosa.commutation.table import CLAMPING_TARGETS, INT16_DERIVED_TARGETS, OUT, CommutationTable, Row
 from codec_tosa.graph import CONSTANT, PortGraph
 from codec_tosa.int8_targets import Int8Target, int8_target
+from codec_tosa.module_selection import ModuleSelection
 from codec_tosa.observers import (
     INT32_QMAX,
     INT32_QMIN,
@@ -104,7 +106,7 @@ from codec_tosa.precision import (
     kept_int8,
     undone_cuts,
 )
-from codec_tosa.spec import AUTO, GPTQ, INT8, CodecSpec
+from codec_tosa.spec import AUTO, GPTQ, INT8, INT16, CodecSpec
 from codec_tosa.weight_rounding import apply_rounded, round_weights
 
 EdgeOrNode = Any  # torch.fx.Node (its output) or (producer, consumer) (an input edge)
@@ -151,11 +153,18 @@ class CodecQuantizer(Quantizer):
         to_edge_transform_and_lower(ep, partitioner=[EthosUPartitioner(EthosUCompileSpec("ethos-u55-128"))])
     """
 
-    def __init__(self, spec: CodecSpec | None = None) -> None:
+    def __init__(self, spec: Any = None) -> None:
+        """`spec`: a `CodecSpec` (default policy I, target tosa), or the Arm compile spec a
+        stock quantizer takes (`EthosUQuantizer(compile_spec)` -> `CodecQuantizer(compile_spec)`:
+        policy I for its target)."""
         super().__init__()
+        if spec is not None and not isinstance(spec, CodecSpec):
+            spec = CodecSpec(policy="I", target=arm_adapter.target_of_compile_spec(spec))
         self.spec = spec or CodecSpec(policy="I")
         # what differs between Arm's INT flow and XNNPACK's (int8_targets)
         self._target: Int8Target = int8_target(self.spec)
+        # set_global / set_module_type / set_module_name (module_selection)
+        self._selection = ModuleSelection(self.spec, self.spec)
         self._annotated: _Annotated | None = None
         self._observers: dict[_Key, Any] = {}  # PT2E's observer of each annotated edge and node
         self._reuse: dict[_Key, Any] | None = None  # calibrated observers, for `converted`
@@ -167,11 +176,30 @@ class CodecQuantizer(Quantizer):
         # weight kept nearest rounding
         self.rounding_skipped: dict[str, str] = {}
 
+    # ---- module selection, as the stock quantizers select ------------------
+    def set_global(self, spec: CodecSpec | None) -> CodecQuantizer:
+        """The spec of every operator no module setter selects; None leaves them out of the
+        plan (they run as the target runs unquantized operators). `module_selection`."""
+        self._selection.set_global(spec)
+        return self
+
+    def set_module_type(self, module_type: type, spec: CodecSpec | None) -> CodecQuantizer:
+        """The spec of the operators of every module of `module_type` (None: left out)."""
+        self._selection.set_module_type(module_type, spec)
+        return self
+
+    def set_module_name(self, name: str, spec: CodecSpec | None) -> CodecQuantizer:
+        """The spec of the operators of the module named `name` (None: left out)."""
+        self._selection.set_module_name(name, spec)
+        return self
+
     # ---- Quantizer interface ---------------------------------------------
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if self._reuse is not None:
             return model  # `converted` re-prepares a graph that is transformed already
-        return self._target.transform_for_annotation(model)
+        if self._selection.selective:
+            self._target.select(self._selection)  # the target's own flow decomposes what it quantizes
+        return _guards_kept(model, self._target.transform_for_annotation)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         _constants_typed(model)
@@ -180,7 +208,7 @@ class CodecQuantizer(Quantizer):
         arm = self._target.annotations(model)  # Arm's quantizer's; none for XNNPACK
         graph = PortGraph.from_fx(model)
         table, derived = self._table(graph, arm)
-        plain = tuple(self._target.plain_ops(graph, table, arm))
+        plain = tuple(sorted(set(self._target.plain_ops(graph, table, arm)) | set(self._left_out(graph))))
         placement = self._place(graph, table, plain, ())
         cuts = self._cuts
         if cuts is None and self.spec.split_chains:
@@ -201,10 +229,10 @@ class CodecQuantizer(Quantizer):
                   arm: Mapping[str, QuantizationAnnotation], derived: tuple[str, ...]) -> _Annotator:
         """The annotation of `placement` at the widths this quantizer has (not written yet)."""
         groups = int16_groups(graph, placement, table)
-        precisions = self._precisions(groups, len(placement.plan.domains))
+        precisions = self._precisions(groups, len(placement.plan.domains), graph, placement)
         bits = {p.domain: p.bits for p in precisions}
         int4 = [w for w in int4_weights(graph, placement, table) if graph.op_target[w.op] not in derived]
-        weight_precisions = self._weight_precisions(int4, bits)
+        weight_precisions = self._weight_precisions(int4, bits, graph)
         annotator = _Annotator(graph, placement, table, self.spec, arm, frozenset(derived), self._target, bits,
                                {w.op: w.bits for w in weight_precisions})
         annotator.groups, annotator.precisions = groups, precisions
@@ -220,20 +248,47 @@ class CodecQuantizer(Quantizer):
                           annotator.weight_precisions, weight_roots or annotator.weight_roots, annotator.table,
                           annotator.arm, plain, cuts)
 
-    def _precisions(self, groups: Groups, num_domains: int) -> list[DomainPrecision]:
+    def _precisions(self, groups: Groups, num_domains: int, graph: PortGraph,
+                    placement: Placement) -> list[DomainPrecision]:
         if self._chosen is not None:
             return list(self._chosen)
         if self.spec.precision == AUTO:  # INT8 until `choose_precision` runs the search
             return [DomainPrecision(d, BITS8, groups.blocked.get(d, "auto: not searched yet"))
                     for d in range(num_domains)]
-        return assign(self.spec, groups, num_domains)
+        if not self._selection.selective:
+            return assign(self.spec, groups, num_domains)
+        asked: dict[int, str] = {}  # a domain is INT16 where a module asking int16 touches its codes
+        for op in range(graph.num_ops):
+            node = graph.fx_op_node[op]
+            spec = self._selection.spec_of(node)
+            if spec is None or spec.precision != INT16:
+                continue
+            ports = [placement.plan.in_domain[p] for p in graph.op_in[op]
+                     if placement.semantics.in_sem[p] == CODE]
+            for d in ports + [placement.plan.value_domain[v] for v in graph.op_out[op]]:
+                if d >= 0:
+                    asked.setdefault(d, f"precision int16 ({self._selection.where(node)})")
+        return assign(self.spec, groups, num_domains, asked)
 
-    def _weight_precisions(self, int4: list[Int4Weight], bits: Mapping[int, int]) -> list[WeightPrecision]:
+    def _weight_precisions(self, int4: list[Int4Weight], bits: Mapping[int, int],
+                           graph: PortGraph) -> list[WeightPrecision]:
         if self._chosen_weights is not None:
             return list(self._chosen_weights)
         if self.spec.weights == AUTO:  # INT8 until `choose_precision` runs the search
             return [WeightPrecision(w.op, w.name, BITS8, "auto: not searched yet") for w in int4]
-        return assign_weights(self.spec, int4, bits)
+        if not self._selection.selective:
+            return assign_weights(self.spec, int4, bits)
+        asked = {}
+        for w in int4:
+            spec = self._selection.spec_of(graph.fx_op_node[w.op])
+            asked[w.op] = spec.weights if spec is not None else INT8
+        return assign_weights(self.spec, int4, bits, asked)
+
+    def _left_out(self, graph: PortGraph) -> list[int]:
+        """The operators whose module selection is None (`set_global(None)`, ...)."""
+        if not self._selection.selective:
+            return []
+        return [op for op in range(graph.num_ops) if self._selection.spec_of(graph.fx_op_node[op]) is None]
 
     def validate(self, model: torch.fx.GraphModule) -> None:
         return None
@@ -560,6 +615,39 @@ def _derived_row(graph: PortGraph, op: int, ann: QuantizationAnnotation, policy:
     return Row(graph.op_target[op], policy, tuple(dict.fromkeys(encoded)), blocks,
                tuple(w for w in dict.fromkeys(weights) if w not in shared),
                int16=graph.op_target[op] in INT16_DERIVED_TARGETS)
+
+
+def _guards_kept(model: torch.fx.GraphModule,
+                 transform: Callable[[torch.fx.GraphModule], torch.fx.GraphModule]) -> torch.fx.GraphModule:
+    """`transform(model)` with torch.export's input guard set aside while it runs.
+
+    ``torch.export.export(...).module()`` checks its inputs in a `_guards_fn`
+    call_module, which ExportPass-based transforms (Arm's `DecomposeAvgPool2dPass`)
+    refuse; stock Arm's quantizer fails there. The call is taken out, the graph
+    transformed, and the call put back after the inputs it reads, so the prepared
+    module still checks its inputs (dropped only if a transform renamed them)."""
+    guards = [n for n in model.graph.nodes if n.op == "call_module" and not n.users]
+    if not guards:
+        return transform(model)
+    kept = []
+    for node in guards:
+        kept.append((str(node.target), model.get_submodule(str(node.target)),
+                     [a.name if isinstance(a, torch.fx.Node) else a for a in node.args]))
+        model.graph.erase_node(node)
+    model.recompile()
+    result = transform(model)
+    placeholders = {n.name: n for n in result.graph.nodes if n.op == "placeholder"}
+    if not placeholders:
+        return result
+    for target, module, args in kept:
+        if any(isinstance(a, str) and a not in placeholders for a in args):
+            continue
+        if not hasattr(result, target):
+            result.add_submodule(target, module)
+        with result.graph.inserting_after(list(placeholders.values())[-1]):
+            result.graph.call_module(target, tuple(placeholders[a] if isinstance(a, str) else a for a in args))
+    result.recompile()
+    return result
 
 
 def _constants_typed(model: torch.fx.GraphModule) -> None:

@@ -117,12 +117,6 @@ class CodecSpec:
                              "Ethos-U runs integer TOSA only")
         if self.ethos_u and self.tosa not in (None, INT_ONLY):
             raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
-        if self.target == "vgf" and self.integer_only:
-            # an integer VGF is Arm's VgfPartitioner's on a CodecQuantizer program;
-            # this spec's partitioner is wired for TOSA and Ethos-U only
-            raise ValueError(f"--target vgf takes the TOSA-1.0+INT+FP and +FP policies, not an "
-                             f"integer-only one (policy {self.policy}, {self.tosa_spec}); use "
-                             "--target tosa or an Ethos-U target for policy I")
         self._check_precision()
         if self.pool_constants is None:
             # the reference policy's bytes are stock Arm's unless asked otherwise

@@ -41,10 +41,30 @@ def vela_operator_counts(log: str) -> dict[str, int]:
 
 
 def vela_report(runs: list[dict[str, Any]], program_cpu_ops: Sequence[str] = ()) -> dict[str, Any]:
-    """report.json's ``vela`` object, summed over Ethos-U delegates. `cpu_ops` is
-    Vela's own count of the operators it left to the CPU inside the delegates
-    (what ``vela --show-cpu-operations`` says); `program_cpu_ops` names the
-    program's operators outside them (the input quantize, the output dequantize)."""
+    """report.json's ``vela`` object, summed over Ethos-U delegates, with each delegate's
+    own figures under ``per_delegate``. `cpu_ops` is Vela's own count of the operators
+    it left to the CPU inside the delegates (what ``vela --show-cpu-operations`` says);
+    `program_cpu_ops` names the program's operators outside them (the input quantize,
+    the output dequantize)."""
+    per_delegate = []
+    for r in runs:
+        entry = {k: v for k, v in _figures([r]).items() if k not in ("delegates", "program_cpu_ops")}
+        if r.get("compile_flags") is not None:  # the Vela configuration the delegate was compiled with
+            entry["compile_flags"] = flags_shown(r["compile_flags"])
+        per_delegate.append(entry)
+    return {**_figures(runs, program_cpu_ops), "per_delegate": per_delegate}
+
+
+def flags_shown(flags: str | Sequence[str]) -> str:
+    """Vela's flags as one line, with the path of Arm's vela.ini shortened to its name and
+    the per-run output directory and input left out."""
+    words = flags.split() if isinstance(flags, str) else list(flags)
+    kept = [f"--config={Path(w.split('=', 1)[1]).name}" if w.startswith("--config=") else w for w in words
+            if not w.startswith("--output-dir=") and not w.endswith(".tosa")]
+    return " ".join(kept)
+
+
+def _figures(runs: list[dict[str, Any]], program_cpu_ops: Sequence[str] = ()) -> dict[str, Any]:
     def total(key: str) -> float:
         return sum(float(r["summary"].get(key, 0) or 0) for r in runs)
 

@@ -80,7 +80,8 @@ def test_recipe(title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     example = (torch.randn(1, 3, 16, 16, generator=gen),)
     calibration = [(torch.randn(1, 3, 16, 16, generator=gen),) for _ in range(4)]
     monkeypatch.chdir(tmp_path)
-    namespace = {"model": model, "example": example, "calibration": calibration}
+    search_data = [(torch.randn(1, 3, 16, 16, generator=gen),) for _ in range(4)]
+    namespace = {"model": model, "example": example, "calibration": calibration, "search_data": search_data}
     exec(RECIPES[title], namespace)
 
     if EXPECTED[title] == "XnnpackBackend":

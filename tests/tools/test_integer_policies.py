@@ -118,9 +118,6 @@ def test_target_needs_policy_i_and_a_known_target():
 
     with pytest.raises(ValueError, match="needs --policy I"):
         CodecSpec(policy="W", target="ethos-u55-128")
-    # an integer-only VGF lowering would delegate nothing: refused, not a CPU-only .pte
-    with pytest.raises(ValueError, match="--target vgf takes the TOSA-1.0"):
-        CodecSpec(policy="I", target="vgf")
     with pytest.raises(ValueError, match="unknown Ethos-U target 'ethos-u99-7'"):
         arm_adapter.ethos_u_compile_spec("ethos-u99-7")
 

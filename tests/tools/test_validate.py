@@ -188,6 +188,17 @@ def test_a_vgf_pte_is_validated_on_the_emulation_layer(compiled, capsys) -> None
     assert validate(out / "model.pte").verdict is Verdict.INCOMPLETE
 
 
+def test_an_integer_vgf_is_arms_vgf_flow_and_validates(compiled) -> None:
+    """--policy I --target vgf: CodecQuantizer, then Arm's own VgfPartitioner (issue 50)."""
+    out = compiled["dir"] / "vgf_i"
+    assert main(["compile", f"{compiled['model']}:build", "--policy", "I", "--target", "vgf",
+                 "--samples", "1", "-o", str(out)]) == 0
+    assert (out / "model.vgf").is_file() and (out / "model.tosa").is_file()
+    v = validate(out / "model.pte")
+    assert v.verdict is Verdict.PASS and v.delegates[0].backend_id == "VgfBackend", "\n".join(v.lines())
+    assert v.delegates[0].max_abs == [0.0]
+
+
 def test_a_cpu_fed_delegate_is_compared_through_the_recorded_calls(tmp_path) -> None:
     """The runtime records each delegate call's real inputs, so the delegate after
     the CPU's topk runs on the reference model too, and the verdict is PASS."""

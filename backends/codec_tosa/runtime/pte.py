@@ -11,12 +11,12 @@ program with some delegates swapped for stand-ins the runtime here can run.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from codec_tosa.backend import BACKEND_ID
-from codec_tosa.provenance import read_provenance
+from codec_tosa.provenance import foreign_specs, read_provenance
 from codec_tosa.serialization.pooled import PoolingStats
 from codec_tosa.serialization.pooling_record import record_key
 
@@ -188,6 +188,8 @@ class Delegate:
     backend_id: str
     payload: bytes
     compile_specs: dict[str, Any]  # read_provenance's view: our options and provenance, Arm's tosa_spec
+    # every compile spec that is not ours, as text (Arm's compile_flags, debug_artifact_path, ...)
+    arm_specs: dict[str, str] = field(default_factory=dict)
 
 
 def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
@@ -201,7 +203,7 @@ def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
     program = getattr(program, "program", program)
     # deserialize_pte_binary moves segment payloads inline
     return [Delegate(plan.name, i, d.id, bytes(program.backend_delegate_data[d.processed.index].data),
-                     read_provenance(d.compile_specs))
+                     read_provenance(d.compile_specs), foreign_specs(d.compile_specs))
             for plan in program.execution_plan for i, d in enumerate(plan.delegates)]
 
 

@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from codec_tosa.commutation.policy import DEFAULT_ORDER
 from codec_tosa.placement.domains import PLACEMENTS
@@ -119,7 +119,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     result = compile_model(args.model, _spec(args), args.out,
                            samples=getattr(args, "samples", None),
-                           on_stage=lambda name: _STAGE.__setitem__("compile", name))
+                           on_stage=lambda name: _STAGE.__setitem__("compile", name),
+                           calibration=getattr(args, "calibration", None), inputs=getattr(args, "inputs", None))
     extra = "".join(f", {result.out_dir / name}" for name in result.files)
     print(f"wrote {result.pte} ({result.report['pte_bytes']} bytes), "
           f"{result.out_dir / 'report.json'}, {result.out_dir / 'reference_io.npz'}{extra}")
@@ -131,21 +132,26 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     import torch
 
+    from codec_tosa.tools.input_files import load_input_tuples
     from codec_tosa.tools.validate import validate
 
-    inputs = module = None
-    if args.inputs:
-        import numpy as np
-
-        data = np.load(args.inputs)
-        n = sum(k.startswith("input_") for k in data.files)  # input_10 sorts before input_2
-        inputs = [torch.from_numpy(data[f"input_{i}"]) for i in range(n)]
+    cases = module = None
+    example: Any = None
     if args.model:
         from codec_tosa.tools.loading import load_and_export
 
         loaded = load_and_export(args.model)
-        module, inputs = loaded.module, inputs or list(loaded.inputs)
-    v = validate(args.pte, inputs=inputs, samples=getattr(args, "samples", None), module=module)
+        module, example = loaded.module, loaded.inputs
+    if args.inputs:
+        if example is None:  # shaped as the program's inputs
+            from codec_tosa.runtime.pte import inspect_pte, read_pte
+
+            specs = inspect_pte(read_pte(args.pte)).input_specs
+            example = tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in specs if s is not None)
+        cases = load_input_tuples(args.inputs, example, "--inputs")
+    elif example is not None:
+        cases = [tuple(example)]
+    v = validate(args.pte, inputs=cases, samples=getattr(args, "samples", None), module=module)
     print("\n".join(v.lines()))
     return v.exit_status
 
@@ -244,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: up to {DEFAULT_SAMPLES}, as many as keep this stage within a quarter of "
                         "the compile, at least 4; 0: no simulation, validate then compares with eager by "
                         "SQNR only)")
+    c.add_argument("--calibration", metavar="FILE",
+                   help="calibrate on your data: an .npz of input_0, input_1, ... (one input, or N stacked "
+                        "on a new first axis) or path/to/file.py:function returning an iterable of input "
+                        "tuples (default: the example and 3 seeded random inputs)")
+    c.add_argument("--inputs", metavar="FILE",
+                   help="held-out inputs stored for validate, in --calibration's format (default: seeded "
+                        "random ones)")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 
@@ -251,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("pte")
     v.add_argument("--model", help="rebuild the model (built-in name or file.py:function): its example and "
                    "held-out samples, compared with FP32 eager")
-    v.add_argument("--inputs", help="an .npz of input_0, input_1, ...")
+    v.add_argument("--inputs", metavar="FILE",
+                   help="inputs to check on, in compile --calibration's format (with --model: the first is "
+                        "the example, the rest its held-out samples)")
     v.add_argument("--samples", type=_count, default=None,
                    help="held-out samples besides the example (default: all that compile stored, "
                         f"or {DEFAULT_SAMPLES} drawn)")

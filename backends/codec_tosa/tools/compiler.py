@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -21,6 +22,7 @@ from codec_tosa.calibration import random_calibration
 from codec_tosa.planning import PlannedProgram
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
+from codec_tosa.tools.input_files import load_input_tuples
 from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
 from codec_tosa.tools.artefact_rounding import askable
@@ -194,13 +196,19 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
     quantized = torch.export.export(convert_pt2e(prepared), example)
+    converting = contextlib.nullcontext()
     if spec.target == XNNPACK_TARGET:  # XNNPACK's own recipe: its stock partitioner
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         part: Any = XnnpackPartitioner()
+    elif spec.target == "vgf":  # Arm's integer VGF flow: its stock partitioner and converter
+        from codec_tosa.vgf.tools import model_converter
+
+        part = arm_adapter.vgf_partitioner()
+        converting = arm_adapter.vgf_conversions_kept(str(model_converter()))
     else:
         part = CodecTosaPartitioner(spec)
-    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir:
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir, converting:
         with arm_adapter.vela_runs_kept(vela_dir) as runs:
             try:
                 # decomposed once: kept as the plan's materialised program, then lowered
@@ -232,6 +240,8 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
     report: dict[str, Any] = {}
+    if spec.target == "vgf":
+        files, report = _vgf_files(pte)
     if spec.mixed_precision or spec.weights != INT8 or spec.weight_rounding != NEAREST:
         report["precision"] = precision_report(quantizer)
     if runs:
@@ -276,7 +286,7 @@ def _kept_run(run: Any) -> dict[str, Any]:
     from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts
 
     return {"tosa": run.tosa, "summary": read_vela_summary(run.directory),
-            "operators": vela_operator_counts(run.log)}
+            "operators": vela_operator_counts(run.log), "compile_flags": run.flags}
 
 
 def _vela_error_line(log: str) -> str:
@@ -290,17 +300,26 @@ def _vela_error_line(log: str) -> str:
 
 def compile_model(model: str, spec: CodecSpec, out_dir: str | Path, calibration_size: int = 4,
                   progress: bool = True, samples: int | None = None,
-                  on_stage: Callable[[str], None] | None = None) -> CompileResult:
-    """`compile_module` of a built-in model name or ``path/to/file.py:function``."""
-    return compile_module(model, None, spec, out_dir, calibration_size, progress, samples, on_stage)
+                  on_stage: Callable[[str], None] | None = None, calibration: str | None = None,
+                  inputs: str | None = None) -> CompileResult:
+    """`compile_module` of a built-in model name or ``path/to/file.py:function``;
+    `calibration` and `inputs` name files of input tuples (`tools.input_files`)."""
+    return compile_module(model, None, spec, out_dir, calibration_size, progress, samples, on_stage,
+                          calibration, inputs)
 
 
 def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] | None, spec: CodecSpec,
                    out_dir: str | Path, calibration_size: int = 4, progress: bool = True,
                    samples: int | None = None,
-                   on_stage: Callable[[str], None] | None = None) -> CompileResult:
+                   on_stage: Callable[[str], None] | None = None, calibration: str | None = None,
+                   inputs: str | None = None) -> CompileResult:
     """Export `module` (model, example inputs; None: build `model`), partition
     (placement + calibration), lower and serialise; write the artefacts.
+
+    Calibration is on the example and `calibration_size - 1` seeded random inputs, or on
+    the tuples of the file `calibration` names; the held-out inputs stored for validate
+    are seeded random ones, or the tuples of the file `inputs` names (both files:
+    `tools.input_files`, read right after export, before any lowering).
 
     reference_io.npz holds the example input and `samples` seeded held-out
     inputs (`tools.samples`) with their eager and simulated outputs, for
@@ -336,16 +355,18 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         loaded = load_and_export(model) if module is None else export_module(model, *module)
         times["export_s"] = time.perf_counter() - t
         check_boundary_dtypes(loaded.program)
-
-        calib = [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1)
+        given = load_input_tuples(inputs, loaded.inputs, "--inputs") if inputs else None
+        calib = (load_input_tuples(calibration, loaded.inputs, "--calibration") if calibration
+                 else [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1))
         lowered = lower_program(loaded.program, spec, calib, on_stage=stage)
         pte, planned = lowered.pte, lowered.planned
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
 
         stage("reference outputs")
-        held_out = held_out_inputs(loaded.inputs, DEFAULT_SAMPLES if samples is None else samples)
+        held_out = given if given is not None else held_out_inputs(
+            loaded.inputs, DEFAULT_SAMPLES if samples is None else samples)
         budget = (reference_budget(times["export_s"] + times["lowering_s"] + times["serialisation_s"])
-                  if samples is None else None)
+                  if samples is None and given is None else None)
         t = time.perf_counter()
         # the outputs as the lowered program returns them (Arm's hooks may add an
         # input the model mutates in place to them)

@@ -22,7 +22,7 @@ from codec_tosa.backend import BACKEND_ID
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.runtime.pte import Delegate, delegates, inspect_pte, read_pooling_stats, read_pte
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
-from codec_tosa.tools.artefacts import delegate_file
+from codec_tosa.tools.vela_figures import MISSING, delegate_tosa, ethos_u_delegates, vela_figures
 from codec_tosa.units import MIB
 
 Table = Callable[[Sequence[object], Sequence[Sequence[object]]], str]
@@ -137,7 +137,8 @@ def program_delegates(data: bytes, path: str | Path = "<bytes>") -> ProgramDeleg
             stats = tosa_stats(d.payload)
         except ValueError as e:
             raise ValueError(f"{path}: the {d.backend_id} delegate is unusable: {e}") from None
-        found.tosa.append(TosaDelegate(d.method, d.index, d.backend_id, d.payload, d.compile_specs, stats))
+        found.tosa.append(TosaDelegate(d.method, d.index, d.backend_id, d.payload, d.compile_specs, d.arm_specs,
+                                       stats))
     return found
 
 
@@ -150,10 +151,12 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
     holds no TOSA delegate."""
     data = read_pte(pte)
     found = program_delegates(data, str(pte))
-    converted = _converted_delegates(found, Path(pte))
+    every = delegates(data, str(pte))
+    tosa = delegate_tosa(every, pte)
+    converted = _converted_delegates(found, tosa)
     others = [f"{d.backend_id} (method {d.method}, {d.payload_bytes} bytes)" for d in found.other
               if d not in converted]
-    if not found.tosa and not converted:
+    if not found.tosa and not converted and not ethos_u_delegates(every):
         raise ValueError(f"{pte}: holds no TOSA delegate (delegates: {others or 'none'})")
     n = len(found.tosa)
     kinds = Counter(CONVERTED_FROM_TOSA[d.backend_id] for d in converted)
@@ -169,9 +172,9 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
         # figures are those of the TOSA compile converted
         kind = CONVERTED_FROM_TOSA[d.backend_id]
         lines += ["", f"delegate {d.index} of method {d.method}: {d.backend_id} ({kind}), {kind} "
-                      f"{d.payload_bytes} bytes, converted from {name} beside the .pte "
-                      f"({stats.payload_bytes} bytes)"]
+                      f"{d.payload_bytes} bytes, converted from {name} ({stats.payload_bytes} bytes)"]
         lines += _stats_lines(stats, table)
+    lines += _vela_lines(every, tosa, Path(pte), data, table)
     if n > 1:
         total = found.total()
         lines += ["", f"total over {n} TOSA delegates: {total.operators} operators, "
@@ -284,17 +287,47 @@ def _cpu_lines(data: bytes) -> list[str]:
     return lines
 
 
-def _converted_delegates(found: ProgramDelegates, pte: Path) -> dict[OtherDelegate, tuple[str, TosaStats]]:
-    """The VgfBackend and EthosUBackend delegates whose TOSA compile wrote beside the
-    .pte (model.tosa, model_1.tosa, ... in delegate order), with that TOSA's figures."""
+def _converted_delegates(found: ProgramDelegates, tosa: dict[int, tuple[str, bytes]]
+                         ) -> dict[OtherDelegate, tuple[str, TosaStats]]:
+    """The VgfBackend and EthosUBackend delegates whose TOSA was found (`vela_figures.delegate_tosa`:
+    beside the .pte, or where Arm's intermediate dump put it), with that TOSA's figures."""
     out: dict[OtherDelegate, tuple[str, TosaStats]] = {}
-    converted = [d for d in found.other if d.backend_id in CONVERTED_FROM_TOSA]
-    for k, d in enumerate(converted):
-        name = delegate_file(k, "tosa")
-        path = pte.with_name(name)
-        if path.is_file():
+    for d in found.other:
+        if d.backend_id in CONVERTED_FROM_TOSA and d.index in tosa:
+            name, data = tosa[d.index]
             try:
-                out[d] = (name, tosa_stats(path.read_bytes()))
+                out[d] = (name, tosa_stats(data))
             except ValueError as e:
-                raise ValueError(f"{path}: not a TOSA flatbuffer: {e}") from None
+                raise ValueError(f"{name}: not a TOSA flatbuffer: {e}") from None
     return out
+
+
+def _vela_lines(every: list[Delegate], tosa: dict[int, tuple[str, bytes]], pte: Path, data: bytes,
+                table: Table) -> list[str]:
+    """Vela's figures for the Ethos-U delegates: as compile or save recorded them in
+    report.json, else Vela re-run on each delegate's TOSA (`vela_figures`)."""
+    if not ethos_u_delegates(every):
+        return []
+    rep = pte.with_name("report.json")
+    recorded = json.loads(rep.read_text()).get("vela") if rep.is_file() else None
+    source = "as report.json records them"
+    if recorded is None or "per_delegate" not in recorded:
+        recorded = vela_figures(every, tosa, sorted(set(inspect_pte(data).operators)))
+        source = "Vela re-run on each delegate's TOSA with the compile flags the .pte records"
+    if recorded is None:
+        return ["", MISSING]
+    return ["", f"Vela ({source}): {recorded['accelerator']}, {recorded['system_config']}, "
+                f"{recorded['memory_mode']}"] + vela_figure_lines(recorded, table)
+
+
+def vela_figure_lines(vela: dict[str, Any], table: Table) -> list[str]:
+    """report.json's ``vela``: one row per Ethos-U delegate, and the total."""
+    keys = ("cycles_total", "npu_ops", "cpu_ops", "sram_bytes", "off_chip_bytes", "encoded_weight_bytes")
+    rows = [[k] + [entry.get(key) for key in keys] for k, entry in enumerate(vela.get("per_delegate", []))]
+    if len(rows) != 1:
+        rows.append(["total"] + [vela.get(key) for key in keys])
+    lines = [table(["Ethos-U delegate", "cycles", "NPU ops", "CPU ops", "SRAM bytes", "off-chip bytes",
+                    "encoded weight bytes"], rows)]
+    flags = {entry.get("compile_flags") for entry in vela.get("per_delegate", [])} - {None}
+    lines += [f"Vela flags: {f}" for f in sorted(flags)]
+    return lines

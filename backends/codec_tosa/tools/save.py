@@ -16,7 +16,9 @@ from typing import Any, Sequence
 
 import torch
 
+from codec_tosa.runtime.pte import delegates
 from codec_tosa.tools.artefacts import delegate_file
+from codec_tosa.tools.vela_figures import vela_figures
 from codec_tosa.tools.samples import DEFAULT_SAMPLES, inputs_for_specs
 
 
@@ -31,8 +33,12 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     outputs and the plan's FP32 graph to; without it that reference is the
     plan's own FP32 graph, which checks the codecs but not the structure.
     `inputs` are input tuples to check on (the first is the example; default:
-    `1 + samples` seeded inputs drawn like calibration's). Returns the .pte's path.
+    `1 + samples` seeded inputs drawn like calibration's). For an Ethos-U delegate,
+    report.json also holds Vela's figures (cycles, operators, SRAM, off-chip bytes, per
+    delegate, with its Vela flags), as `codec-tosa compile` writes them. Returns the
+    .pte's path.
     """
+    from codec_tosa import arm_adapter
     from codec_tosa.partitioner import CodecTosaPartitioner
     from codec_tosa.quantizer import CodecQuantizer
     from codec_tosa.runtime.pte import inspect_pte
@@ -50,7 +56,9 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     if isinstance(source, CodecQuantizer):
         spec = source.spec
         quantized = torch.export.export(source.converted(), cases[0])
-        planned = source.planned(quantized, CodecTosaPartitioner(spec))
+        # the partitioner the integer program is lowered with decomposes it
+        partitioner = arm_adapter.vgf_partitioner() if spec.target == "vgf" else CodecTosaPartitioner(spec)
+        planned = source.planned(quantized, partitioner)
     elif isinstance(source, CodecTosaPartitioner):
         spec, planned = source.codec_spec, source.planned
         if planned is None:
@@ -67,8 +75,14 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     if model is None:
         for s in ref.io.sets:
             s.planned = None  # the reference is that graph itself: nothing independent to hold it to
-    report = build_report("python", spec, pte, planned, {}, {}, ref)
-    write_artefacts(path, pte, ref.io, report, _delegate_tosa(pte))
+    tosa = _delegate_tosa(pte)
+    target_report: dict[str, Any] = {}
+    vela = vela_figures(delegates(pte), {index: (name, data) for index, (name, data) in tosa.items()},
+                        sorted(set(info.operators)))
+    if vela is not None:  # Vela re-run on the TOSA it compiled, with the delegate's own flags
+        target_report["vela"] = vela
+    report = build_report("python", spec, pte, planned, {}, target_report, ref)
+    write_artefacts(path, pte, ref.io, report, dict(tosa.values()))
     return Path(path) / "model.pte"
 
 
@@ -91,13 +105,12 @@ def _nested(flat: Sequence[torch.Tensor], in_spec: Any) -> tuple[Any, ...]:
     return tuple(args) if not kwargs else tuple(flat)
 
 
-def _delegate_tosa(pte: bytes) -> dict[str, bytes]:
-    """model.tosa (model_1.tosa, ...) for each VgfBackend or EthosUBackend delegate:
-    the TOSA this process compiled it from (`arm_adapter.tosa_of_payload`)."""
+def _delegate_tosa(pte: bytes) -> dict[int, tuple[str, bytes]]:
+    """model.tosa (model_1.tosa, ...) for each VgfBackend or EthosUBackend delegate, by
+    delegate index: the TOSA this process compiled it from (`arm_adapter.tosa_of_payload`)."""
     from codec_tosa import arm_adapter
-    from codec_tosa.runtime.pte import delegates
 
-    files: dict[str, bytes] = {}
+    files: dict[int, tuple[str, bytes]] = {}
     compiled = [d for d in delegates(pte)
                 if d.backend_id in (arm_adapter.VGF_BACKEND_ID, arm_adapter.ETHOS_U_BACKEND_ID)]
     for k, d in enumerate(compiled):
@@ -106,7 +119,7 @@ def _delegate_tosa(pte: bytes) -> dict[str, bytes]:
             raise ValueError(f"codec_tosa.save: delegate {d.index} ({d.backend_id}) was not lowered in "
                              "this process, so the TOSA it was compiled from is unknown; save the "
                              "program right after lowering it")
-        files[delegate_file(k, "tosa")] = tosa
+        files[d.index] = (delegate_file(k, "tosa"), tosa)
     return files
 
 

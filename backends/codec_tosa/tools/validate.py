@@ -43,6 +43,7 @@ import torch
 from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, TOSA_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.backend import BACKEND_ID
 from codec_tosa.int8_targets import XNNPACK_BACKEND_ID
+from codec_tosa.pytrees import leaves
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
 from codec_tosa.simulation import MAX_FLIPS
@@ -334,14 +335,13 @@ def delegate_wirings(info: PteInfo, backend_id: str, io_counts: dict[int, tuple[
 
 
 def cases_from_module(module: Callable[..., object], example: Sequence[object],
-                      samples: int) -> list[InputSet]:
-    """The rebuilt model's example and `samples` held-out inputs, with eager outputs
-    (the example may be nested as the model takes it; the program takes its leaves)."""
-    from codec_tosa.pytrees import leaves
-
+                      samples: int, given: Sequence[Sequence[object]] = ()) -> list[InputSet]:
+    """The rebuilt model's example and `samples` held-out inputs (or the `given` ones),
+    with eager outputs (the example may be nested as the model takes it; the program
+    takes its leaves)."""
     cases = []
-    for label, x in [("example", tuple(example))] + [
-            (f"sample {s}", x) for s, x in enumerate(held_out_inputs(example, samples))]:
+    held_out = [tuple(x) for x in given] if given else held_out_inputs(example, samples)
+    for label, x in [("example", tuple(example))] + [(f"sample {s}", x) for s, x in enumerate(held_out)]:
         eager = [t.detach().numpy() for t in program_outputs(module, x)]
         cases.append(InputSet(label, leaves(x), eager))
     return cases
@@ -546,26 +546,29 @@ def _budget_note(pte: str | Path) -> list[str]:
             f"({held['budget_s']:.0f} s, a quarter of the compile); compile --samples {asked} stores them all"]
 
 
-def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None, inputs: list[torch.Tensor] | None,
+def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None,
+               inputs: Sequence[Sequence[Any]] | None,
                samples: int | None, module: Callable[..., object] | None, target: Target
                ) -> tuple[list[InputSet], ReferenceIO | None, list[str]]:
     """The input sets to run, in order of preference: `module` (the rebuilt model,
     with `inputs` its example: eager outputs, no simulation), `inputs` alone (no
     reference), the reference_io.npz beside the .pte (or `reference_io`), or
-    seeded random inputs drawn from the program's input specs (no reference)."""
+    seeded random inputs drawn from the program's input specs (no reference). `inputs`
+    are input tuples (with `module`: its example, then its held-out samples)."""
     notes: list[str] = []
     io_path = Path(reference_io) if reference_io else Path(pte).with_name(REFERENCE_IO)
     if module is not None:
-        if inputs is None:
+        if not inputs:
             raise ValueError("validate: a rebuilt model needs its example inputs")
-        cases = cases_from_module(module, inputs, DEFAULT_SAMPLES if samples is None else samples)
+        cases = cases_from_module(module, inputs[0], DEFAULT_SAMPLES if samples is None else samples,
+                                  inputs[1:])
         if not target.reference:
             notes.append("the simulation of the plan cannot be rebuilt from the .pte (it needs the "
                          "calibrated plan compile keeps in reference_io.npz): the outputs are compared "
                          "with FP32 eager by SQNR only")
         return cases, None, notes
     if inputs is not None:
-        return [InputSet("given inputs", list(inputs))], None, notes
+        return [InputSet(f"given input {k}", leaves(tuple(x))) for k, x in enumerate(inputs)], None, notes
     if io_path.is_file():
         try:
             ref, more = ReferenceIO.load(io_path, samples)
@@ -613,7 +616,7 @@ def make_runner(target: Target, data: bytes, pte: str | Path, wirings: list[Dele
 
 
 def validate(pte: str | Path, reference_io: str | Path | None = None,
-             inputs: list[torch.Tensor] | None = None, samples: int | None = None,
+             inputs: Sequence[Sequence[Any]] | None = None, samples: int | None = None,
              module: Callable[..., object] | None = None) -> Validation:
     """Validate `pte` on the example and held-out samples (docs/DESIGN.md, "Validation").
 
