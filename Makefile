@@ -57,7 +57,7 @@ fuzz: $(STAMP)
 	    tests/fuzz/test_fuzz.py -k "$$k" > fuzz-$$n.log 2>&1 & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; \
 	for f in fuzz-*.log; do echo "$$f: $$(tail -n 1 $$f)"; done; \
-	$(PY) benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/fuzz.json; exit $$rc
+	$(PY) benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/results/fuzz.json; exit $$rc
 
 # Arm's own operator tests as our robustness suite (tests/peer): every case at W
 # and I against the stock verdicts in tests/peer/stock_baseline.json (hours;

@@ -28,7 +28,7 @@ setup(
         "codec_tosa._passes",
         "codec_tosa.serialization",
         "codec_tosa.runtime",
-        "codec_tosa.vgf",
+        "codec_tosa.targets.vgf",
         "codec_tosa.tools",
         "codec_tosa.tools.tables",
         "codec_tosa_examples",

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import tosa_serializer as ts
 
-from codec_tosa.rescale import multiplier_and_shift
+from codec_tosa.validation.rescale import multiplier_and_shift
 
 _NUMPY = {ts.DType.INT8: np.int8, ts.DType.INT16: np.int16, ts.DType.INT32: np.int32,
           ts.DType.BOOL: np.uint8, ts.DType.FP32: np.float32}

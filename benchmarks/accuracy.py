@@ -48,7 +48,7 @@ Usage::
 
     python benchmarks/accuracy.py [--models digits_resnet8 ...] [--flows fp32 stock-int8 W-minmax ...] [--sym]
         [--ethos-u ethos-u55-128 ethos-u85-256 | --ethos-u none] [--limit N]
-        [--json benchmarks/accuracy.json] [--fresh] [--table]
+        [--json benchmarks/results/accuracy.json] [--fresh] [--table]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "accuracy.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "accuracy.json"
 MODELS = ("digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit")
 OBSERVERS = ("minmax", "histogram")
 FLOWS = ("fp32", "stock-int8", "stock-a16w8", "Z",
@@ -179,7 +179,8 @@ def build(flow: Flow, module: torch.nn.Module, example: tuple, calibration: list
 
     from executorch.exir import to_edge_transform_and_lower
 
-    from codec_tosa import CodecQuantizer, CodecSpec, CodecTosaPartitioner, arm_adapter
+    from codec_tosa import CodecQuantizer, CodecSpec, CodecTosaPartitioner
+    from codec_tosa.arm import adapter as arm_adapter
 
     t = time.perf_counter()
     converted = None
@@ -218,7 +219,7 @@ def build(flow: Flow, module: torch.nn.Module, example: tuple, calibration: list
 
 
 def _vela(runs: list[Any]) -> dict[str, Any]:
-    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     report = vela_report([{"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                            "operators": vela_operator_counts(r.log)} for r in runs])
@@ -231,8 +232,8 @@ def runnable(pte: bytes) -> bytes:
     Arm's TOSABackend payload is the same TOSA flatbuffer (relabelled); an
     EthosUBackend payload (Vela's command stream) is replaced by the TOSA Vela
     was given, as `codec-tosa validate` does."""
-    from codec_tosa import arm_adapter
-    from codec_tosa.backend import BACKEND_ID
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.runtime import BACKEND_ID
     from codec_tosa.runtime.pte import delegates, with_delegates_replaced
 
     replacements: dict[int, tuple[str, bytes]] = {}
@@ -269,7 +270,7 @@ def eager(module: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 def sqnr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
-    from codec_tosa.tools.validate import sqnr_db as pooled
+    from codec_tosa.validation.validate import sqnr_db as pooled
 
     return pooled(ref.double().numpy().reshape(-1), got.double().numpy().reshape(-1))
 
@@ -320,14 +321,14 @@ def _store(path: Path, model: str, flow: str, row: dict[str, Any]) -> None:
 
 
 def child(model: str, flows: list[Flow], targets: list[str], limit: int | None, path: Path) -> int:
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.quiet import quiet
 
     with quiet():
         return _child(model, flows, targets, limit, path)
 
 
 def _child(model: str, flows: list[Flow], targets: list[str], limit: int | None, path: Path) -> int:
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
     from codec_tosa_examples.models import trained
 
     arm_adapter.install_payload_journal()  # the TOSA behind each Ethos-U payload, stock flows' included

@@ -1,4 +1,4 @@
-"""Where an INT8 flow loses accuracy, per quantized tensor (issue 23, the diagnosis behind ACCURACY.md).
+"""Where an INT8 flow loses accuracy, per quantized tensor (issue 23, the diagnosis behind docs/results/accuracy.md).
 
 `benchmarks/accuracy.py` measures each flow's artefact end to end; this script
 looks inside, on the same trained models, calibration (64 training images,
@@ -28,7 +28,7 @@ Usage::
 
     python benchmarks/accuracy_domains.py [--models digits_ds_cnn ...]
         [--flows stock-int8 I-histogram I-minmax W-minmax W-histogram] [--limit N]
-        [--json benchmarks/accuracy_domains.json]
+        [--json benchmarks/results/accuracy_domains.json]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy import CALIBRATION_IMAGES, CALIBRATION_SEED, MODELS, SETS, Flow, parse_flow  # noqa: E402
 
 DEFAULT_FLOWS = ("stock-int8", "I-histogram", "I-minmax", "W-minmax", "W-histogram")
-DEFAULT_JSON = Path(__file__).resolve().parent / "accuracy_domains.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "accuracy_domains.json"
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _pt2e_tensors(flow: Flow, module: torch.nn.Module, example: tuple, calibrati
 
     from accuracy import _stock_quantizer
     from codec_tosa import CodecQuantizer, CodecSpec
-    from codec_tosa.observers import DomainObserver, WeightObserver
+    from codec_tosa.quantizer.observers import DomainObserver, WeightObserver
 
     quantizer = (_stock_quantizer(flow.config, None) if flow.kind == "stock" else
                  CodecQuantizer(CodecSpec(policy="I", observer=flow.observer,
@@ -156,7 +156,7 @@ def _mixed_tensors(flow: Flow, module: torch.nn.Module, example: tuple, calibrat
     from executorch.exir import to_edge_transform_and_lower
 
     from codec_tosa import CodecSpec, CodecTosaPartitioner
-    from codec_tosa.calibration import lifted_args
+    from codec_tosa.planning.calibration import lifted_args
 
     spec = CodecSpec(policy=flow.policy, observer=flow.observer, symmetric_activations=flow.symmetric)
     partitioner = CodecTosaPartitioner(spec, calibration=calibration)
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [f.name for f in flows if f.kind == "fp32" or f.config == "a16w8" or f.policy == "Z"]
     if bad:
         p.error(f"flows without INT8 activations to inspect: {', '.join(bad)}")
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.quiet import quiet
 
     out: dict[str, Any] = {"command": shlex.join(["python", "benchmarks/accuracy_domains.py", *argv]),
                            "models": {}}

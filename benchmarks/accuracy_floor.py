@@ -15,7 +15,7 @@ the real test sets from accuracy.json (minimum, 5th percentile: the worst of
 Usage::
 
     python benchmarks/accuracy_floor.py [--models ...] [--flows stock-int8 W-minmax I-histogram]
-        [--accuracy-json benchmarks/accuracy.json] [--json benchmarks/accuracy_floor.json]
+        [--accuracy-json benchmarks/results/accuracy.json] [--json benchmarks/results/accuracy_floor.json]
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from accuracy import (CALIBRATION_IMAGES, CALIBRATION_SEED, DEFAULT_JSON as ACCU
                       Flow, build, eager, parse_flow, run_artefact, sqnr_db)
 
 DEFAULT_FLOWS = ("stock-int8", "W-minmax", "W-histogram", "I-histogram", "I-minmax")
-DEFAULT_JSON = Path(__file__).resolve().parent / "accuracy_floor.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "accuracy_floor.json"
 
 
 def floor_row(model: str, flow: Flow) -> dict[str, Any]:
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.tools.samples import DEFAULT_SAMPLES, inputs_for_specs
-    from codec_tosa.tools.validate import SQNR_FLOOR_DB
+    from codec_tosa.validation.samples import DEFAULT_SAMPLES, inputs_for_specs
+    from codec_tosa.validation.validate import SQNR_FLOOR_DB
     from codec_tosa_examples.models import trained
 
     calibration = trained.calibration_images(CALIBRATION_IMAGES, CALIBRATION_SEED)
@@ -67,9 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = p.parse_args(argv)
     flows = [f if isinstance(f, Flow) else parse_flow(f) for f in args.flows]
-    from codec_tosa import arm_adapter
-    from codec_tosa.tools.quiet import quiet
-    from codec_tosa.tools.validate import SQNR_FLOOR_DB
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.quiet import quiet
+    from codec_tosa.validation.validate import SQNR_FLOOR_DB
 
     real = json.loads(args.accuracy_json.read_text())["models"] if args.accuracy_json.exists() else {}
     out: dict[str, Any] = {"command": shlex.join(["python", "benchmarks/accuracy_floor.py", *argv]),

@@ -20,7 +20,7 @@ policy, one child process:
 
 It prints two tables, compile seconds per stage (ours/stock, the reference
 stage's share) and the artefacts side by side, and writes
-`benchmarks/arm_models.json` (a run replaces the rows of the models it ran;
+`benchmarks/results/arm_models.json` (a run replaces the rows of the models it ran;
 ``--fresh`` starts a new file). The goals (issue 27): ours at most 2x stock,
 the reference stage at most 25% of compile.
 
@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = ROOT / "benchmarks" / "arm_models.json"
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "arm_models.json"
 POLICIES = ("W", "I")
 CALIBRATION = 4
 HELD_OUT = 4  # inputs each artefact runs on, against eager
@@ -167,7 +167,7 @@ def stock_int8(module: torch.nn.Module, example: tuple[Any, ...],
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
 
     spec = TosaCompileSpec("TOSA-1.0+INT")
     calibration = [example] + random_calibration(example, CALIBRATION - 1)
@@ -185,7 +185,7 @@ def stock_int8(module: torch.nn.Module, example: tuple[Any, ...],
 
 
 def held_out_inputs(example: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
 
     return random_calibration(example, HELD_OUT, seed=7)  # not the calibration's seed
 
@@ -196,7 +196,7 @@ def artefact(pte: bytes, module: torch.nn.Module, held_out: list[tuple[Any, ...]
     from codec_tosa.pytrees import leaves, tensor_leaves
     from codec_tosa.runtime.executorch_runner import run_pte
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.tools.metrics import sqnr_db
+    from codec_tosa.validation.metrics import sqnr_db
     from codec_tosa.tools.report import program_delegates
 
     info = inspect_pte(pte)
@@ -230,7 +230,7 @@ def ours(name: str, module: torch.nn.Module, example: tuple[Any, ...], policy: s
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.cli import error_line
     from codec_tosa.tools.compiler import compile_module
-    from codec_tosa.tools.validate import validate
+    from codec_tosa.validation.validate import validate
 
     with tempfile.TemporaryDirectory(prefix="codec-tosa-compile-time-") as d:
         t0 = time.perf_counter()
@@ -371,7 +371,7 @@ def artefacts_table(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> st
 
 
 def markdown(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> str:
-    """Both tables as Markdown, for RESULTS.md."""
+    """Both tables as Markdown, for docs/results/arm_models.md."""
     out = ["| model | policy | stock s | ours s | ours / stock | export | placement + lowering | serialisation "
            "| reference | reference share | ambiguous codes | validate |", "|" + "---|" * 12]
     arts = ["| model | flow | delegates | CPU operators | TOSA operators | fused traffic KiB | compile s "

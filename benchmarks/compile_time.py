@@ -17,7 +17,7 @@ need no download, random weights), one spawned process times
 
 Nothing is validated or run here (`arm_models.py` does that, in about an hour).
 The goals: ours at most 2x stock, the reference stage at most 25% of compile.
-It prints a table and writes `benchmarks/compile_time.json` (a run replaces
+It prints a table and writes `benchmarks/results/compile_time.json` (a run replaces
 the rows of the models it ran).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compile_time.py                 # the small models
@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arm_models  # noqa: E402 - the same model builders and stock flow
 
-DEFAULT_JSON = arm_models.ROOT / "benchmarks" / "compile_time.json"
+DEFAULT_JSON = arm_models.ROOT / "benchmarks" / "results" / "compile_time.json"
 # small enough for a run of a few minutes; --models names any of arm_models'
 DEFAULT_MODELS = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "mobile_block", "lstm")
 STAGE_KEYS = ("export", "edge + placement", "TOSA lowering", "serialisation", "reference outputs")

@@ -28,7 +28,7 @@ Usage::
 
     python benchmarks/ethos_u.py [--models shufflenet_v2 mobilenet_v2 inception_v3 unet]
         [--targets ethos-u55-128 ethos-u85-256] [--unet-size 256] [--samples 4]
-        [--json benchmarks/ethos_u.json]
+        [--json benchmarks/results/ethos_u.json]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from codec_tosa.units import MIB
 
 DEFAULT_MODELS = ("shufflenet_v2", "mobilenet_v2", "inception_v3", "unet")
 DEFAULT_TARGETS = ("ethos-u55-128", "ethos-u85-256")
-DEFAULT_JSON = Path(__file__).resolve().parent / "ethos_u.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "ethos_u.json"
 HELD_OUT_SEED = 1234
 CALIBRATION_SAMPLES = 4  # the example input and 3 seeded random ones (seed 0)
 
@@ -116,7 +116,7 @@ def _tosa(flatbuffers: list[bytes]) -> Tosa:
 
 def _vela(runs: list[Any], pte: bytes) -> dict[str, Any]:
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     kept = [r if isinstance(r, dict) else {"tosa": r.tosa, "summary": read_vela_summary(r.directory),
                                            "operators": vela_operator_counts(r.log)} for r in runs]
@@ -126,7 +126,7 @@ def _vela(runs: list[Any], pte: bytes) -> dict[str, Any]:
 
 def _sqnr(eager: list[torch.Tensor], got: list[torch.Tensor]) -> float:
     """SQNR pooled over the held-out samples: total signal over total noise power."""
-    from codec_tosa.tools.validate import sqnr_db
+    from codec_tosa.validation.validate import sqnr_db
 
     def flat(ts: list[torch.Tensor]) -> Any:
         return torch.cat([t.detach().float().reshape(-1) for t in ts]).numpy()
@@ -153,7 +153,8 @@ def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, c
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from codec_tosa import CodecQuantizer, CodecSpec, arm_adapter
+    from codec_tosa import CodecQuantizer, CodecSpec
+    from codec_tosa.arm import adapter as arm_adapter
 
     spec = arm_adapter.ethos_u_compile_spec(target)
     t = time.perf_counter()
@@ -183,7 +184,7 @@ def run_stock(model: str, target: str, module: torch.nn.Module, inputs: tuple, c
 def run_ours(model: str, target: str, module: torch.nn.Module, inputs: tuple, calib: list[tuple],
              tests: list[tuple], eager: list[torch.Tensor], placement: str | None = None) -> Row:
     from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.simulation import simulate
+    from codec_tosa.validation.simulation import simulate
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "with --verbose-performance on it (per-layer cycles)")
     args = p.parse_args(argv)
 
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
     from codec_tosa.tools import model_libs
 
     model_libs.prepare()

@@ -19,7 +19,7 @@ per-element relative error, and the same in float32 ulps (2**-23).
 
 Usage::
 
-    python benchmarks/fp32_error.py [--samples 64] [--json benchmarks/fp32_error.json]
+    python benchmarks/fp32_error.py [--samples 64] [--json benchmarks/results/fp32_error.json]
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def stock_fp_payload(module: nn.Module, example: torch.Tensor) -> bytes:
 
 def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...], scales: tuple[float, ...],
             samples: int, offset: float = 0.0) -> dict[str, float | str | int]:
-    from codec_tosa.rounding_ambiguity import layer_norm_condition
-    from codec_tosa.tools.reference_model import run_reference_model
+    from codec_tosa.validation.rounding_ambiguity import layer_norm_condition
+    from codec_tosa.validation.reference_model import run_reference_model
 
     module = build().eval()
     gen = torch.Generator().manual_seed(7_919)
@@ -110,11 +110,11 @@ def measure(name: str, build: Callable[[], nn.Module], shape: tuple[int, ...], s
 
 
 def main(argv: list[str] | None = None) -> None:
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.quiet import quiet
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=64)
-    p.add_argument("--json", type=Path, default=Path(__file__).with_name("fp32_error.json"))
+    p.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "fp32_error.json")
     args = p.parse_args(argv)
     rows = []
     with quiet():

@@ -1,7 +1,7 @@
 """Summarise a long fuzz run (issue 6): what the compiled examples covered.
 
     make fuzz                                   # writes fuzz-results.jsonl, then runs this
-    .venv/bin/python benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/fuzz.json
+    .venv/bin/python benchmarks/fuzz_summary.py fuzz-results.jsonl --json benchmarks/results/fuzz.json
 
 `tests/test_fuzz.py` appends one JSON line per compiled example that passed
 (CODEC_TOSA_FUZZ_RECORD); a failing example stops its policy/placement, so the

@@ -33,7 +33,7 @@ still works).
 Usage::
 
     python benchmarks/lowering.py [--models shufflenet_v2 unet inception_v3]
-        [--placements nonlocal+coalesce] [--json benchmarks/lowering.json]
+        [--placements nonlocal+coalesce] [--json benchmarks/results/lowering.json]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ HELD_OUT_SEED = 1234  # the input errors and SQNR are measured on; calibration n
 POLICY = "W"
 CALIBRATION_RANDOM = 3  # plus the example input
 WARMUP_MODEL = "tiny_shufflenet"
-DEFAULT_JSON = Path(__file__).resolve().parent / "lowering.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "lowering.json"
 
 Inputs = tuple[torch.Tensor, ...]
 
@@ -103,7 +103,7 @@ class Row:
 
 def calibration_set(inputs: Inputs, n_random: int = CALIBRATION_RANDOM) -> list[Inputs]:
     """The example input plus `n_random` seeded random inputs (as `codec-tosa compile`)."""
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
 
     return [tuple(inputs)] + random_calibration(inputs, n_random)
 
@@ -155,7 +155,7 @@ def timed_lower(program: ExportedProgram, partitioner: Any) -> Lowering:
 def stock_quantize(module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
                    compile_spec: Any, quantizer_class: type | None = None
                    ) -> tuple[torch.nn.Module, ExportedProgram, float]:
-    """Arm's PT2E INT8 flow (as `codec_tosa.stock.stock_int8_program`), calibrated on `calibration`.
+    """Arm's PT2E INT8 flow (as `codec_tosa.arm.stock.stock_int8_program`), calibrated on `calibration`.
 
     `quantizer_class` defaults to `TOSAQuantizer` (`VgfQuantizer` for a VGF spec).
     Returns the converted module (the stock flow's quantized eager), its export,
@@ -197,7 +197,7 @@ class ReferenceModelInterpreter(torch.fx.Interpreter):
         return tuple(_tensor_like(o, v) for o, v in zip(outs, vals))
 
     def run_delegate(self, lowered: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        from codec_tosa.tools.reference_model import run_reference_model
+        from codec_tosa.validation.reference_model import run_reference_model
 
         return run_reference_model(bytes(lowered.processed_bytes), arrays, lowered.backend_id)
 
@@ -213,7 +213,7 @@ def run_on_reference_model(edge: Any, inputs: Inputs,
                            interpreter: type[ReferenceModelInterpreter] = ReferenceModelInterpreter,
                            **kwargs: Any) -> list[torch.Tensor]:
     """The edge program's outputs, each delegate call run by `interpreter(gm, **kwargs)`."""
-    from codec_tosa.calibration import lifted_args
+    from codec_tosa.planning.calibration import lifted_args
 
     ep = edge.exported_program()
     with torch.no_grad():
@@ -222,7 +222,7 @@ def run_on_reference_model(edge: Any, inputs: Inputs,
 
 
 def sqnr(signal: torch.Tensor, approx: torch.Tensor) -> float:
-    from codec_tosa.tools.validate import sqnr_db
+    from codec_tosa.validation.validate import sqnr_db
 
     return sqnr_db(signal.float().numpy(), approx.float().reshape(signal.shape).numpy())
 
@@ -269,7 +269,7 @@ def fallback_steps(eager: list[torch.Tensor], scales: Sequence[float | None]) ->
 
 def payload_row(model: str, config: str, tosa: str, edge: Any) -> Row:
     """TOSA counts of all delegate payloads of `edge` (summed), timings left at 0."""
-    from codec_tosa import stock
+    from codec_tosa.arm import stock
     from codec_tosa.serialization.tosa_stats import tosa_stats
 
     by_type: dict[str, int] = {}
@@ -301,7 +301,7 @@ def modeled_traffic(part: Any) -> int | None:
 
 def held_out(inputs: Inputs) -> Inputs:
     """A seeded random input shaped like the example, outside every calibration set."""
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
 
     return random_calibration(inputs, 1, seed=HELD_OUT_SEED)[0]
 
@@ -317,7 +317,7 @@ def model_case(model: str) -> tuple[torch.nn.Module, Inputs, list[Inputs], Input
 
 def run_stock_fp(model: str, module: torch.nn.Module, inputs: Inputs, test: Inputs,
                  eager: list[torch.Tensor]) -> Row:
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
 
     spec = arm_adapter.tosa_compile_spec(STOCK_FP_TOSA)
     low = timed_lower(export(module, inputs), arm_adapter.stock_partitioner(spec))
@@ -331,7 +331,7 @@ def run_stock_fp(model: str, module: torch.nn.Module, inputs: Inputs, test: Inpu
 
 def run_stock(model: str, module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs],
               eager: list[torch.Tensor], test: Inputs) -> Row:
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
 
     spec = arm_adapter.tosa_compile_spec(STOCK_TOSA)
     converted, program, quantize_s = stock_quantize(module, inputs, calibration, spec)
@@ -348,10 +348,10 @@ def run_stock(model: str, module: torch.nn.Module, inputs: Inputs, calibration: 
 
 def run_ours(model: str, placement: str, module: torch.nn.Module, inputs: Inputs,
              calibration: Sequence[Inputs], eager: list[torch.Tensor], test: Inputs) -> Row:
-    from codec_tosa.partitioner import CodecTosaPartitioner
-    from codec_tosa.simulation import simulate
+    from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.validation.simulation import simulate
     from codec_tosa.spec import CodecSpec
-    from codec_tosa.tools.reference_io import fp32_steps
+    from codec_tosa.validation.reference_io import fp32_steps
 
     spec = CodecSpec(policy=POLICY, placement=placement)
     part = CodecTosaPartitioner(spec, calibration=calibration)

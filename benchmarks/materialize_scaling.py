@@ -48,7 +48,7 @@ def measure(blocks: int) -> dict[str, float | int]:
     from executorch.exir.capture._config import EdgeCompileConfig
 
     from codec_tosa._passes.materialize_codecs import MaterializeCodecsPass
-    from codec_tosa.planning import plan_program
+    from codec_tosa.planning.program import plan_program
     from codec_tosa.spec import CodecSpec
 
     x = (torch.randn(1, FEATURES, generator=torch.Generator().manual_seed(1)),)
@@ -77,7 +77,7 @@ def measure(blocks: int) -> dict[str, float | int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="250,2500,20000")
-    parser.add_argument("--json", type=Path, default=Path(__file__).with_name("materialize_scaling.json"))
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "materialize_scaling.json")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:

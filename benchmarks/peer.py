@@ -5,7 +5,7 @@ of every operator file, drawn with ``--seed``; ``--all`` for every case) this
 runs `codec-tosa compile` + `validate` at policies W and I (`tests/peer/ours.py`,
 each in a forked child with a timeout) and sets the verdicts beside the stock
 ones already recorded in `tests/peer/stock_baseline.json`
-(`benchmarks/peer_baseline.py`). It writes `benchmarks/peer.json` and prints:
+(`benchmarks/peer_baseline.py`). It writes `benchmarks/results/peer.json` and prints:
 
 * the goals of issue 22: of the cases stock FP delegates, the share that PASS
   at W; of the cases stock INT8 delegates, the share that PASS at I;
@@ -38,7 +38,7 @@ PEER = ROOT / "tests" / "peer"
 sys.path.insert(0, str(PEER))
 
 BASELINE = PEER / "stock_baseline.json"
-DEFAULT_OUT = ROOT / "benchmarks" / "peer.json"
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "peer.json"
 PASS = "PASS"
 REFUSED = "refused"  # one of our one-line refusals
 _CHECKPOINT_EVERY = 10
@@ -111,7 +111,7 @@ def summarize(results: dict[str, Any], stock: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any], stock: dict[str, Any]) -> str:
-    """The per-operator table of RESULTS.md: refusals split into ours and a library's."""
+    """The per-operator table of docs/results/peer.md: refusals split into ours and a library's."""
     rows = _per_operator(results, stock, lambda v: v if v in (PASS, REFUSED, "library") else "other")
     lines = ["| operator | cases | stock FP delegates | W PASS | W refused (ours / library) | W other "
              "| stock INT8 delegates | I PASS | I refused (ours / library) | I other |",

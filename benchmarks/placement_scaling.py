@@ -24,7 +24,7 @@ import torch
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import GraphBuilder, PortGraph
 from codec_tosa.placement import COALESCE, place
-from codec_tosa.traffic import measure
+from codec_tosa.planning.traffic import measure
 
 SHAPE = (1, 16, 8, 8)
 CONV, CAT, VIEW, PERMUTE, RELU, ADD = (
@@ -88,7 +88,7 @@ def run_one(n_ops: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,100000,1000000")
-    ap.add_argument("--json", default="benchmarks/placement_scaling.json")
+    ap.add_argument("--json", default="benchmarks/results/placement_scaling.json")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.one:

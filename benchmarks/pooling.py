@@ -37,9 +37,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from codec_tosa import arm_adapter, stock  # noqa: E402
+from codec_tosa.arm import adapter as arm_adapter  # noqa: E402
+from codec_tosa.arm import stock
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats  # noqa: E402
-from codec_tosa.tools.reference_model import bit_identical, reference_inputs  # noqa: E402
+from codec_tosa.validation.reference_model import bit_identical, reference_inputs  # noqa: E402
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats  # noqa: E402
 
 MODES = {"fp": "TOSA-1.0+FP", "int8": "TOSA-1.0+INT", "w": "TOSA-1.0+INT+FP"}
@@ -134,7 +135,7 @@ def measure_stock(model: str, mode: str, check: bool) -> Row:
 @contextmanager
 def _captured_codec_backend(into: list[tuple[Any, bytes, float, PoolingStats | None]]) -> Iterator[None]:
     """Record each CodecTosaBackend delegate: input program, payload, time, pooling stats."""
-    from codec_tosa.backend import CodecTosaBackend
+    from codec_tosa.targets.tosa.backend import CodecTosaBackend
 
     preprocess = CodecTosaBackend.__dict__["preprocess"].__func__
     new_serializer = arm_adapter.new_serializer

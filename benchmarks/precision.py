@@ -54,7 +54,7 @@ MobileNetV2 (random weights, batch norms re-estimated; seeded random inputs).
 Usage::
 
     python benchmarks/precision.py [--models digits_resnet8 ds_cnn ...] [--targets ethos-u85-256 ethos-u55-128]
-        [--budgets 4] [--json benchmarks/precision.json] [--plot]
+        [--budgets 4] [--json benchmarks/results/precision.json] [--plot]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accuracy  # noqa: E402  (the artefact runner and Vela summary of the accuracy benchmark)
 
-DEFAULT_JSON = HERE / "precision.json"
+DEFAULT_JSON = HERE / "results" / "precision.json"
 TRAINED = ("digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit")
 MLPERF = ("ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder")
 MODELS = (*TRAINED, *MLPERF, "mobilenet_v2")
@@ -113,7 +113,7 @@ def load(model: str) -> tuple[torch.nn.Module, tuple, list[tuple], list[tuple], 
         calib = trained.calibration_images(64, 0)
         tests = [(data.test_x[i:i + 1],) for i in range(IMAGES)] + [(data.noisy_x[i:i + 1],) for i in range(IMAGES)]
         return module, tuple(example), calib, tests, {"clean": data.test_y[:IMAGES], "noisy": data.test_y[:IMAGES]}
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
     from codec_tosa_examples.models import load_model
     from codec_tosa_examples.models.batch_norm import reestimate_batch_norms
 
@@ -131,7 +131,7 @@ def fresh_search_inputs(model: str, module: torch.nn.Module, example: tuple) -> 
     half noisy."""
     if model in TRAINED:
         return deployment_data()
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
     from codec_tosa.pytrees import tensor_leaves
 
     with torch.no_grad():
@@ -150,7 +150,7 @@ def _stock_quantizer(target: str, config: str, hand: Sequence[str] = ()) -> Any:
     )
     from executorch.backends.arm.quantizer.arm_quantizer import get_symmetric_a8w4_quantization_config
 
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
 
     q = EthosUQuantizer(arm_adapter.ethos_u_compile_spec(target))
     q.set_global({"a16w8": get_symmetric_a16w8_quantization_config,
@@ -187,7 +187,7 @@ def _stock_score(target: str, config: str, module: torch.nn.Module, example: tup
     "as accurate as stock" in the search's own terms; the artefact is not run)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    from codec_tosa.precision_search import _batched, sqnr_db
+    from codec_tosa.quantizer.search import _batched, sqnr_db
     from codec_tosa.pytrees import tensor_leaves
 
     prepared, _ = _searched(_stock_quantizer(target, config), module, example, calib, auto=False)
@@ -208,7 +208,7 @@ def _lower(quantizer: Any, module: torch.nn.Module, example: tuple, calib: list[
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
 
     t = time.perf_counter()
     prepared, search_s = _searched(quantizer, module, example, calib, auto, search, rounding)
@@ -251,7 +251,7 @@ def _eager(module: torch.nn.Module, tests: list[tuple]) -> list[torch.Tensor]:
 
 
 def _sqnr(ref: list[torch.Tensor], got: list[torch.Tensor]) -> float:
-    from codec_tosa.precision_search import sqnr_db
+    from codec_tosa.quantizer.search import sqnr_db
 
     return sqnr_db(ref, got)
 
@@ -286,7 +286,7 @@ def _simulation_steps(quantizer: Any, lowered: dict[str, Any], tests: list[tuple
     """Ours: the artefact against the plan's simulation, in quantisation steps (max)."""
     from codec_tosa.pytrees import tensor_leaves
     from codec_tosa.runtime.executorch_runner import run_pte
-    from codec_tosa.simulation import simulate
+    from codec_tosa.validation.simulation import simulate
 
     planned = quantizer.planned(lowered["program"], lowered["partitioner"])
     worst = 0.0
@@ -341,7 +341,8 @@ def _module_names(quantizer: Any) -> list[str]:
 
 
 def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flows: str = "") -> int:
-    from codec_tosa import CodecQuantizer, CodecSpec, arm_adapter
+    from codec_tosa import CodecQuantizer, CodecSpec
+    from codec_tosa.arm import adapter as arm_adapter
 
     arm_adapter.install_payload_journal()
     module, example, calib, tests, labels = load(model)
@@ -633,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        from codec_tosa.tools.quiet import quiet
+        from codec_tosa.quiet import quiet
 
         with quiet():
             return run_model(args.child, args.targets, args.budgets, args.json, args.flows)

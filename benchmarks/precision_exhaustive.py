@@ -3,12 +3,12 @@
 
 For a model with few groups, every subset of its groups at INT16 (the rest INT8):
 Vela's cycles (the program lowered with Arm's `EthosUPartitioner`, as
-`codec_tosa.vela_cost` prices it), and the SQNR against FP32 eager of the converted
+`codec_tosa.targets.ethosu.vela_cost` prices it), and the SQNR against FP32 eager of the converted
 PT2E module (its quantize/dequantize arithmetic, which the artefact equals to within
 rounding) on held-out inputs the search never saw. The frontier of that table is the best any
 search over these groups can do; the search's own choices at the budgets of
 `benchmarks/precision.py` are marked on it. Stock a16w8's SQNR on the same held-out
-inputs is read from `benchmarks/precision_vela.json` when present.
+inputs is read from `benchmarks/results/precision_vela.json` when present.
 
 Usage::
 
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import precision  # noqa: E402  (the same models, calibration and held-out inputs)
 
-DEFAULT_JSON = HERE / "precision_exhaustive.json"
+DEFAULT_JSON = HERE / "results" / "precision_exhaustive.json"
 MAX_GROUPS = 6  # 64 lowerings
 
 
@@ -39,7 +39,7 @@ def run(model: str, target: str, budgets: Sequence[float]) -> dict[str, Any]:
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from codec_tosa import CodecQuantizer, CodecSpec
-    from codec_tosa.vela_cost import VelaCycles
+    from codec_tosa.targets.ethosu.vela_cost import VelaCycles
 
     module, example, calib, tests, _ = precision.load(model)
     reference = precision._eager(module, tests)
@@ -96,7 +96,7 @@ def markdown(result: dict[str, Any], a16w8: dict[str, Any] | None) -> str:
     if a16w8:
         lines.append("")
         lines.append(f"Stock a16w8: {a16w8['cycles_total']} cycles, {a16w8['sqnr_db']:.2f} dB (artefact, "
-                     "same held-out inputs, `benchmarks/precision_vela.json`).")
+                     "same held-out inputs, `benchmarks/results/precision_vela.json`).")
     return "\n".join(lines)
 
 
@@ -108,14 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="mark the search's choice at these budgets (dB)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = p.parse_args(argv)
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.quiet import quiet
 
     with quiet():
         result = run(args.model, args.target, args.budgets)
     data = json.loads(args.json.read_text()) if args.json.exists() else {}
     data[f"{args.model} {args.target}"] = result
     args.json.write_text(json.dumps(data, indent=1))
-    stock = HERE / "precision_vela.json"
+    stock = HERE / "results" / "precision_vela.json"
     a16w8 = None
     if stock.exists():
         rows = json.loads(stock.read_text())["models"].get(args.model, {}).get(args.target, [])

@@ -40,12 +40,12 @@ class Chain(nn.Module):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="ethos-u85-256")
-    parser.add_argument("--json", type=Path, default=HERE / "precision_split.json")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "precision_split.json")
     args = parser.parse_args(argv)
-    from codec_tosa import arm_adapter
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.planning.calibration import random_calibration
     from codec_tosa.serialization.tosa_stats import tosa_stats
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.quiet import quiet
 
     arm_adapter.install_payload_journal()
     torch.manual_seed(0)

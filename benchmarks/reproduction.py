@@ -1,4 +1,4 @@
-"""The reproduction study behind benchmarks/REPRODUCTION.md (docs/DESIGN.md,
+"""The reproduction study behind docs/results/paper_tables.md (docs/DESIGN.md,
 "Reproducing the paper's tables").
 
 Builds the four paper models once, then evaluates every hypothesis about the
@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from codec_tosa.accounting import PAPER, PURE_VIEWS, STRIDED_VIEWS, Accounting
-from codec_tosa.analysis import prepare_program
+from codec_tosa.planning.accounting import PAPER, PURE_VIEWS, STRIDED_VIEWS, Accounting
+from codec_tosa.planning.analysis import prepare_program
 from codec_tosa.commutation.table import CommutationTable, Row, _compute, _default_rows
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import place
 from codec_tosa.tools.tables.published import PUBLISHED_ITEMS, PUBLISHED_PLACEMENT, PUBLISHED_TRAFFIC
 from codec_tosa.tools.tables.render import difference
-from codec_tosa.traffic import Traffic, measure
+from codec_tosa.planning.traffic import Traffic, measure
 from codec_tosa.units import MIB
 
 MODELS = ("shufflenet_v2", "unet", "siglip", "smollm2")

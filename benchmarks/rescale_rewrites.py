@@ -30,7 +30,7 @@ random ones (`benchmarks/ethos_u.py`'s `run_stock`).
 
 Usage::
 
-    python benchmarks/rescale_rewrites.py [--samples 4] [--json benchmarks/rescale_rewrites.json]
+    python benchmarks/rescale_rewrites.py [--samples 4] [--json benchmarks/results/rescale_rewrites.json]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import _tosa_edit as edit
 
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
 HELD_OUT_SEED = 1234
-DEFAULT_JSON = Path(__file__).resolve().parent / "rescale_rewrites.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "rescale_rewrites.json"
 
 
 @dataclass
@@ -120,7 +120,7 @@ def vela(buf: bytes, flags: list[str]) -> tuple[dict[str, Any], dict[str, tuple[
     from ethosu.vela.vela import main as vela_main
     from vela_per_operator import per_operator_in
 
-    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+    from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "net.tosa"
@@ -152,8 +152,8 @@ def held_out_inputs(buf: bytes, samples: int) -> list[list[np.ndarray]]:
 
 def measure(target: str, block: str, stock: bytes, samples: int) -> list[Row]:
     """Stock and every variant of `block` for `target`."""
-    from codec_tosa import arm_adapter
-    from codec_tosa.tools.reference_model import run_reference_model
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.validation.reference_model import run_reference_model
 
     flags = list(arm_adapter.ethos_u_compile_spec(target).compiler_flags)
     xs = held_out_inputs(stock, samples)
@@ -202,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ethos_u import run_stock
 
-    from codec_tosa.calibration import random_calibration
-    from codec_tosa.tools.quiet import quiet
+    from codec_tosa.planning.calibration import random_calibration
+    from codec_tosa.quiet import quiet
 
     t0 = time.perf_counter()
     rows: list[Row] = []

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("tosa", nargs="+", type=Path)
     args = p.parse_args(argv)
 
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
 
     flags = list(arm_adapter.ethos_u_compile_spec(args.target).compiler_flags)
     tables = [per_operator(t, flags) for t in args.tosa]

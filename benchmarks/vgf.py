@@ -23,7 +23,7 @@ A flow that fails records its one-line reason in the row.
 
 Usage::
 
-    python benchmarks/vgf.py [--models vit_tiny shufflenet_v2 unet_256] [--json benchmarks/vgf.json]
+    python benchmarks/vgf.py [--models vit_tiny shufflenet_v2 unet_256] [--json benchmarks/results/vgf.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from lowering import (HELD_OUT_SEED, Inputs, ReferenceModelInterpreter, calibrat
                       model_case, run_on_reference_model, sqnr, stock_quantize, timed_lower)
 
 DEFAULT_MODELS = ("vit_tiny", "shufflenet_v2", "unet_256")
-DEFAULT_JSON = Path(__file__).resolve().parent / "vgf.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "vgf.json"
 STOCK_FP, STOCK_INT8 = "stock-fp", "stock-int8"
 OURS = {"ours Z": "Z", "ours W": "W"}
 FLOWS = (STOCK_FP, STOCK_INT8, *OURS)
@@ -83,8 +83,8 @@ class VgfInterpreter(ReferenceModelInterpreter):
         row.scenario_s, row.max_abs_vs_reference, row.bit_exact = 0.0, 0.0, True
 
     def run_delegate(self, lowered: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        from codec_tosa.tools.reference_model import run_reference_model
-        from codec_tosa.vgf import run_vgf
+        from codec_tosa.validation.reference_model import run_reference_model
+        from codec_tosa.targets.vgf import run_vgf
 
         vgf = bytes(lowered.processed_bytes)
         label = f"{self.row.model} {self.row.flow}"
@@ -112,8 +112,9 @@ class Lowered:
 
 
 def lower_stock(program: Any, tosa_spec: str) -> Lowered:
-    from codec_tosa import arm_adapter, stock
-    from codec_tosa.vgf import tools
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.arm import stock
+    from codec_tosa.targets.vgf import tools
 
     spec = stock.vgf_compile_spec(tosa_spec)
     with arm_adapter.vgf_conversions_kept(str(tools.model_converter())) as conversions:
@@ -122,7 +123,7 @@ def lower_stock(program: Any, tosa_spec: str) -> Lowered:
 
 
 def lower_ours(program: Any, policy: str, calibration: Sequence[Inputs]) -> Lowered:
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
 
@@ -134,7 +135,8 @@ def lower_ours(program: Any, policy: str, calibration: Sequence[Inputs]) -> Lowe
 def lower_flow(flow: str, module: torch.nn.Module, inputs: Inputs, calibration: Sequence[Inputs]
                ) -> tuple[str, Lowered]:
     """The TOSA spec string and the lowering of `flow`."""
-    from codec_tosa import arm_adapter, stock
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.arm import stock
 
     if flow == STOCK_FP:
         return "TOSA-1.0+FP", lower_stock(export(module, inputs), "TOSA-1.0+FP")
@@ -228,7 +230,7 @@ def table_lines(rows: Sequence[Row]) -> list[str]:
 def write_json(rows: Sequence[Row], path: Path, argv: Sequence[str]) -> None:
     from importlib.metadata import version
 
-    from codec_tosa.vgf import converter_version
+    from codec_tosa.targets.vgf import converter_version
 
     doc = {"command": shlex.join(argv),
            "calibration": "example input + 3 seeded random inputs",

@@ -49,7 +49,7 @@ Usage::
 
     python benchmarks/xnnpack.py [--models mobilenet_v2,resnet8,ds_cnn]
         [--flows fp32,stock-int8[,pkg.mod:function]] [--runs 100] [--threads 1,2]
-        [--json benchmarks/xnnpack.json]
+        [--json benchmarks/results/xnnpack.json]
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ DEFAULT_MODELS = (
     "digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit",
     "shufflenet_v2", "mobilenet_v2", "resnet18", "vit_tiny",
 )
-DEFAULT_JSON = Path(__file__).resolve().parent / "xnnpack.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "xnnpack.json"
 STOCK = "stock-int8"  # latency ratios are against this flow
 CALIBRATION_SEED = 0
 HELD_OUT_SEED = 1234  # a different stream: no flow ever calibrates on these

@@ -1,6 +1,6 @@
 """How far XNNPACK's runtime output is from the plan's simulation, in output steps.
 
-`codec_tosa.simulation` computes what Arm's INT8 lowering computes (TOSA
+`codec_tosa.validation.simulation` computes what Arm's INT8 lowering computes (TOSA
 RESCALE rounding, int32 adds, Arm's fused activations). XNNPACK requantizes
 with its own fixed-point arithmetic and quantizes an FP32 bias itself, so its
 codes may differ; this measures by how much, on held-out inputs, to decide how
@@ -15,7 +15,7 @@ in steps over every output element of every held-out input, the share of element
 the same for the runtime against FP32 eager (what quantization itself costs, for scale).
 
 Usage: python benchmarks/xnnpack_simulation.py [--models resnet8,ds_cnn] [--held-out 16]
-       [--json benchmarks/xnnpack_simulation.json]
+       [--json benchmarks/results/xnnpack_simulation.json]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def measure(name: str, n_held: int) -> dict:
 
     import xnnpack as harness
     from codec_tosa import CodecQuantizer, CodecSpec
-    from codec_tosa.simulation import simulate_with_stats
+    from codec_tosa.validation.simulation import simulate_with_stats
 
     work = harness.build_workload(name, 8, n_held)
     quantizer = CodecQuantizer(CodecSpec(policy="I", target="xnnpack"))
@@ -86,7 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(DEFAULT))
     ap.add_argument("--held-out", type=int, default=16)
-    ap.add_argument("--json", type=Path, default=HERE / "xnnpack_simulation.json")
+    ap.add_argument("--json", type=Path, default=HERE / "results" / "xnnpack_simulation.json")
     args = ap.parse_args()
     results = []
     for name in [m for m in args.models.split(",") if m]:

@@ -11,7 +11,13 @@ from typing import Any, Callable
 
 import pytest
 
+from codec_tosa.tools.model_libs import repair_torchvision
+
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+# torchvision's CUDA wheel cannot import beside CPU torch unless two operator schemas
+# exist first (tools/model_libs.py): tests import torchvision directly, so define them
+# here, as the model-loading tools do; `import codec_tosa` itself changes nothing
+repair_torchvision()
 
 
 @lru_cache(maxsize=None)

@@ -26,12 +26,14 @@ import pytest
 import torch
 
 import small_models
-from codec_tosa import arm_adapter, arm_private, stock
-from codec_tosa.arm_pipeline import CodecArmPassManager, CodecMoveToSmallerDtypePass
-from codec_tosa.simulation import simulate
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.arm import private as arm_private
+from codec_tosa.arm import stock
+from codec_tosa.arm.pipeline import CodecArmPassManager, CodecMoveToSmallerDtypePass
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.runtime.pte import delegate_payload
 from pooling_support import lower_pooled
 
@@ -62,13 +64,13 @@ def test_importing_codec_tosa_on_a_changed_executorch_fails_before_anything_runs
     """The check runs when the package is imported, not at the first lowering."""
     script = ("import executorch.backends.arm.process_node as p\n"
               "del p._add_const\n"
-              "import codec_tosa.partitioner\n")
+              "import codec_tosa.targets.tosa.partitioner\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("codec_tosa.arm_private.ArmPrivateMismatch: codec_tosa needs executorch 1.5.1"), last
+    assert last.startswith("codec_tosa.arm.private.ArmPrivateMismatch: codec_tosa needs executorch 1.5.1"), last
     assert "process_node._add_const is missing" in last
 
 
@@ -147,7 +149,7 @@ def test_the_partitioner_hands_arm_an_intermediate_path(tmp_path: Path) -> None:
     spec), and it is the delegate's payload."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from codec_tosa.partitioner import CodecTosaPartitioner
+    from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner
     from codec_tosa.runtime.pte import delegates
 
     model, x = small_models.conv_cat_reshape()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from codec_tosa.calibration import CalibrationError, learn_thetas
+from codec_tosa.planning.calibration import CalibrationError, learn_thetas
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
 from codec_tosa.placement import place
@@ -83,7 +83,7 @@ def test_seeded_inputs_follow_the_examples_domain_and_aliasing() -> None:
     normal where the example reaches beyond +-1, uniform over the example's range
     otherwise (an acos's [-1, 1], a sqrt's [0, 4]), integers as given, and a tensor
     passed twice drawn once."""
-    from codec_tosa.calibration import random_calibration
+    from codec_tosa.planning.calibration import random_calibration
 
     gen = torch.Generator().manual_seed(0)
     normal = torch.randn(64, generator=gen)
@@ -101,7 +101,7 @@ def test_seeded_inputs_follow_the_examples_domain_and_aliasing() -> None:
 @pytest.mark.parametrize("observer", ["minmax", "histogram"])
 def test_the_quantizer_observer_leaves_infinities_out_and_refuses_a_range_of_none(observer: str) -> None:
     # CodecQuantizer's observer (policy I) follows the same rule as learn_thetas
-    from codec_tosa.observers import DomainObserver
+    from codec_tosa.quantizer.observers import DomainObserver
 
     x = torch.linspace(-2.0, 3.0, 101)
     with_inf = x.clone()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codec_tosa import integer_products
+from codec_tosa.validation import integer_products
 
 INT8_CENTRED = 255  # |code - zero_point| of an asymmetric int8 activation
 INT16 = 32767

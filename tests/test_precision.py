@@ -20,20 +20,20 @@ from tosa_queries import operator_dtypes
 from codec_tosa.codecs.int16 import HEADROOM
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
-from codec_tosa.observers import DomainObserver
+from codec_tosa.quantizer.observers import DomainObserver
 from codec_tosa.placement import place
-from codec_tosa import precision_search
-from codec_tosa.precision import BITS4, BITS8, BITS16, chain_cuts, cut_sources, int16_groups
-from codec_tosa.rescale import multiplier_and_shift, rescale
+from codec_tosa.quantizer import search as precision_search
+from codec_tosa.quantizer.precision import BITS4, BITS8, BITS16, chain_cuts, cut_sources, int16_groups
+from codec_tosa.validation.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.executorch_runner import run_pte_recorded
 from codec_tosa.runtime.pte import delegate_payload
 from codec_tosa.serialization.tosa_stats import iter_constants
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
 from codec_tosa.tools.compiler import compile_module
-from codec_tosa.tools.validate import Verdict, validate
-from codec_tosa.traffic import CodeBytes, domain_code_elements, measure
+from codec_tosa.validation.validate import Verdict, validate
+from codec_tosa.planning.traffic import CodeBytes, domain_code_elements, measure
 
 
 def _compile(tmp_path: Path, name: str, **spec: object):
@@ -154,7 +154,7 @@ def test_arm_drops_a_relu_folded_into_an_int16_convolution(monkeypatch, tmp_path
     quantized between them), Arm's int16 lowering loses the relu: negative outputs.
     CodecQuantizer therefore quantizes between them in an INT16 domain (as Arm's own
     a16w8 annotation does); when this test fails, the fold works upstream."""
-    import codec_tosa.quantizer as quantizer_module
+    import codec_tosa.quantizer.codec_quantizer as quantizer_module
 
     class ConvRelu(nn.Module):
         def __init__(self) -> None:
@@ -241,26 +241,43 @@ def test_an_adds_operands_share_a_group_and_a_table_keeps_its_domains_int8():
 
 
 @pytest.mark.parametrize("spec, message", [
-    (dict(policy="W", precision="int16"), "--policy I"),
-    (dict(policy="I", precision="int16", target="xnnpack"), "--target tosa or an Ethos-U"),
-    (dict(policy="I", precision="auto"), "needs --budget"),
-    (dict(policy="I", budget=30.0), "needs --precision auto"),
+    (dict(policy="W", precision="int16"), "policy='I'"),
+    (dict(policy="I", precision="int16", target="xnnpack"), "target='tosa' or an Ethos-U"),
+    (dict(policy="I", precision="auto"), "needs `budget`"),
+    (dict(policy="I", budget=30.0), "needs precision='auto'"),
     (dict(policy="I", precision="int4"), "unknown precision"),
     (dict(policy="I", precision="int16", tosa="TOSA-1.0+INT"), "no int16 extension"),
     (dict(policy="I", precision="int16", int16_domains=(1,)), "by hand on an int8 plan"),
     (dict(policy="I", weights="int2"), "unknown weight precision"),
-    (dict(policy="W", weights="int4"), "--policy I"),
-    (dict(policy="I", weights="int4", target="xnnpack"), "--target tosa or an Ethos-U"),
-    (dict(policy="I", weights="auto"), "--weights auto needs --budget"),
-    (dict(policy="I", weights="int4", budget=30.0), "needs --precision auto or --weights auto"),
+    (dict(policy="W", weights="int4"), "policy='I'"),
+    (dict(policy="I", weights="int4", target="xnnpack"), "target='tosa' or an Ethos-U"),
+    (dict(policy="I", weights="auto"), "weights='auto' needs `budget`"),
+    (dict(policy="I", weights="int4", budget=30.0), "needs precision='auto' or weights='auto'"),
     (dict(policy="I", weights="int4", tosa="TOSA-1.0+INT"), "no int4 extension"),
-    (dict(policy="I", split_chains=True), "--split-chains .* needs --precision auto"),
-    (dict(policy="I", weights="auto", budget=30.0, split_chains=True), "--split-chains .* needs --precision auto"),
+    (dict(policy="I", split_chains=True), "split_chains=True .* needs precision='auto'"),
+    (dict(policy="I", weights="auto", budget=30.0, split_chains=True), "split_chains=True .* needs precision='auto'"),
 ])
 def test_precision_options_are_refused_in_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:
         CodecSpec(**spec)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("spec, python, cli", [
+    (dict(policy="I", weights="auto"), "weights='auto' needs `budget`", "--weights auto needs --budget"),
+    (dict(policy="I", split_chains=True), "split_chains=True lets", "--split-chains lets"),
+    (dict(policy="I", precision="int16", tosa="TOSA-1.0+INT"), "(use tosa='TOSA-1.0+INT+int16'",
+     "(use --tosa TOSA-1.0+INT+int16"),
+    (dict(policy="W", target="ethos-u55-128"), "target='ethos-u55-128' needs policy='I' (got 'W')",
+     "--target ethos-u55-128 needs --policy I (got 'W')"),
+])
+def test_spec_errors_name_python_arguments_and_the_cli_its_flags(spec, python, cli):
+    from codec_tosa.tools.cli import as_flags
+
+    with pytest.raises(ValueError) as e:
+        CodecSpec(**spec)
+    assert python in str(e.value)
+    assert cli in as_flags(str(e.value))
 
 
 def test_int16_domains_by_hand_name_what_they_cannot_take(tmp_path):
@@ -289,7 +306,7 @@ def test_the_spec_asks_for_the_int16_extension():
 def _prepared(name: str, **spec: object):
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    from codec_tosa.quantizer import CodecQuantizer
+    from codec_tosa.quantizer.codec_quantizer import CodecQuantizer
 
     m, x = getattr(small_models, name)()
     quantizer = CodecQuantizer(CodecSpec(policy="I", **spec))
@@ -328,7 +345,7 @@ def test_the_search_spends_bytes_only_where_the_budget_needs_them():
         assert all(p.why for p in r.precisions)
         # the widths chosen are the observers' (what convert_pt2e writes)
         assert {p.domain for p in r.precisions if p.bits == BITS16} == \
-            {d for d, key in quantizer._require().roots.items() if quantizer._observers[key].bits == BITS16}
+            {d for d, key in quantizer.annotation.roots.items() if quantizer.observer(key).bits == BITS16}
     costs = [r.extra_bytes for r in results]
     assert costs == sorted(costs)
 
@@ -347,13 +364,13 @@ def test_the_search_chooses_each_weights_width_too():
     bits = {w.bits for w in r.weights}
     assert r.met and bits == {BITS4, BITS8} and 0 < r.extra_bytes < r.all_extra_bytes
     assert all(p.bits == BITS8 for p in r.precisions)  # activations are not searched
-    a = quantizer._require()
-    assert {w.op: w.bits for w in r.weights} == {op: quantizer._observers[k].bits for op, k in a.weight_roots.items()}
+    a = quantizer.annotation
+    assert {w.op: w.bits for w in r.weights} == {op: quantizer.observer(k).bits for op, k in a.weight_roots.items()}
     _, _, both, prepared, data = _prepared("mobile_block", precision="auto", weights="auto", budget=0.0)
     top = _search(both, prepared, data, 1e9)  # out of reach: every move
     assert not top.met and all(w.bits == BITS8 for w in top.weights)
     assert all("is int16" in w.why for w in top.weights
-               if top.precisions[next(x.input_domain for x in both._require().int4 if x.op == w.op)].bits == BITS16)
+               if top.precisions[next(x.input_domain for x in both.annotation.int4 if x.op == w.op)].bits == BITS16)
 
 
 def _worst_error(reference, outputs) -> float:
@@ -457,7 +474,7 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays(na
     _, _, split, split_prepared, _ = _prepared(name, precision="auto", budget=0.0, split_chains=True)
     assert len(split.int16_groups.groups) >= len(whole.int16_groups.groups) + 6  # one more per convolution
     nothing = _search(split, split_prepared, data, 0.0)
-    assert nothing.extra_bytes == 0 and split._require().cut_ports == ()
+    assert nothing.extra_bytes == 0 and split.annotation.cut_ports == ()
     assert _quantizes(convert_pt2e(split_prepared)) == _quantizes(int8)
     probe = _search(whole, prepared, data, 0.0)
     head_only = _search(whole, prepared, data, (probe.floor_score + probe.ceiling_score) / 2).score
@@ -475,7 +492,7 @@ def test_split_chains_lets_a_chain_of_convolutions_change_width_where_it_pays(na
         _, _, split, prepared, _ = _prepared(name, precision="auto", budget=0.0, split_chains=True)
         r = _search(split, prepared, data, budget)
         assert r.met and unsplit.met and r.extra_bytes < unsplit.extra_bytes, (r.extra_bytes, unsplit.extra_bytes)
-        a = split._require()
+        a = split.annotation
         plan = a.placement.plan
         assert a.cut_ports and [p.domain for p in r.precisions] == list(range(len(plan.domains)))
         bits = {p.domain: p.bits for p in r.precisions}
@@ -499,8 +516,8 @@ def _vela_cycles(prepared, x, target: str) -> int:
     from executorch.exir import to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
-    from codec_tosa import arm_adapter
-    from codec_tosa.vela_summary import read_vela_summary
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.targets.ethosu.vela_summary import read_vela_summary
 
     program = torch.export.export(convert_pt2e(prepared), x)
     partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(target))
@@ -554,9 +571,9 @@ def test_an_undone_cut_leaves_the_bias_at_its_inputs_scale():
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     m, x, split, prepared, data = _prepared("chunk_convs", precision="auto", budget=0.0, split_chains=True)
-    assert len(split._require().cut_ports) >= 1
+    assert len(split.annotation.cut_ports) >= 1
     r = _search(split, prepared, data, 0.0)  # all-INT8 meets it: every cut undone
-    assert r.extra_bytes == 0 and split._require().cut_ports == ()
+    assert r.extra_bytes == 0 and split.annotation.cut_ports == ()
     converted = convert_pt2e(prepared)
     planned = split.planned(torch.export.export(converted, x), _tosa_partitioner("TOSA-1.0+INT"))
     _simulation_is_the_converted_module(converted, planned, x, seed=4, samples=3)
@@ -569,7 +586,7 @@ def test_an_undone_pool_cut_gives_the_pools_output_its_inputs_codes():
     Every width the search gives here lowers bit-exact with the plan's simulation,
     and the integer program is the converted PT2E module's, up to rounding."""
     _, x, quantizer, prepared, data = _prepared("mobile_block", precision="auto", budget=0.0, split_chains=True)
-    a = quantizer._require()
+    a = quantizer.annotation
     pools = [p for p in a.cut_ports if a.table.lookup(a.graph.op_target[a.graph.in_op[p]]).averages]
     assert len(pools) == 2
     probe = _search(quantizer, prepared, data, 0.0)
@@ -577,7 +594,7 @@ def test_an_undone_pool_cut_gives_the_pools_output_its_inputs_codes():
     for fraction in (0.8, 2.0):  # the first pool's cut kept, the second undone; every cut undone
         _, _, quantizer, prepared, _ = _prepared("mobile_block", precision="auto", budget=0.0, split_chains=True)
         r = _search(quantizer, prepared, data, probe.floor_score + fraction * (probe.ceiling_score - probe.floor_score))
-        kept.add(len(quantizer._require().cut_ports))
+        kept.add(len(quantizer.annotation.cut_ports))
         assert r.met or fraction > 1
         _simulation_is_the_converted_module(*_lowered_exactly(quantizer, prepared, x), x, seed=6)
     assert kept == {0, 1}, kept
@@ -589,12 +606,12 @@ def test_split_chains_on_ethos_u_lowers_both_transcodes_and_keeps_the_cheaper_se
     Arm's EthosUPartitioner and Vela. The search runs with chains split and whole and
     keeps the result with fewer Vela cycles, which are those of the program the
     user's flow lowers, and says so in `chains`."""
-    from codec_tosa.vela_cost import VelaCycles
+    from codec_tosa.targets.ethosu.vela_cost import VelaCycles
 
     target = "ethos-u85-256"
     _, x, split, prepared, data = _prepared("conv_chain", precision="auto", budget=0.0, split_chains=True,
                                             target=target)
-    a = split._require()
+    a = split.annotation
     plan = a.placement.plan
     wide = {d for k, port in enumerate(a.cut_ports) if k % 2 == 0  # alternate cuts open an INT16 stretch
             for d in split.int16_groups.group_of(plan.in_domain[port])}
@@ -611,12 +628,12 @@ def test_split_chains_on_ethos_u_lowers_both_transcodes_and_keeps_the_cheaper_se
     kept, other = r.chains.split(":")[0], "whole" if r.chains.startswith("split") else "split"
     assert r.met and kept in ("split", "whole") and f"cycles with chains {other}" in r.chains, r.chains
     assert int(r.chains.split(" against ")[1].split()[0]) >= r.cycles == _vela_cycles(prepared, x, target)
-    assert bool(split._require().cut_ports) == (kept == "split")
+    assert bool(split.annotation.cut_ports) == (kept == "split")
 
 
 def _vela_refusing(monkeypatch, calls: set[int]) -> None:
     """Arm's Vela call, refusing the given calls (1 = the first) as Vela does on U55-128
-    with MobileNetV2's int16 convolutions (benchmarks/RESULTS.md); the others compile."""
+    with MobileNetV2's int16 convolutions (docs/results/precision.md); the others compile."""
     from executorch.backends.arm.ethosu import backend as ethosu_backend
 
     real, made = ethosu_backend.vela_compile, [0]
@@ -760,7 +777,7 @@ def test_gptq_rounds_on_the_rounding_data_when_given():
     inputs scores optimistically; `choose_precision(prepared, data, rounding_data)` rounds
     on `rounding_data` alone: the weights are those a call rounding on it gives, not those
     `data` gives."""
-    from codec_tosa.observers import WeightObserver
+    from codec_tosa.quantizer.observers import WeightObserver
 
     def inputs(x, seed: int):
         g = torch.Generator().manual_seed(seed)

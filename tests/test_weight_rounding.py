@@ -12,8 +12,8 @@ import torch
 import small_models
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import compile_module
-from codec_tosa.tools.validate import Verdict, validate
-from codec_tosa.weight_rounding import gptq
+from codec_tosa.validation.validate import Verdict, validate
+from codec_tosa.quantizer.weight_rounding import gptq
 
 
 def _inputs(n: int, columns: int, seed: int) -> torch.Tensor:
@@ -118,8 +118,8 @@ def test_the_pt2e_flow_rounds_between_calibration_and_convert():
 
 
 @pytest.mark.parametrize("spec, message", [
-    (dict(policy="W", weight_rounding="gptq"), "--weight-rounding gptq: the weights are integer codes"),
-    (dict(policy="I", weight_rounding="stochastic"), "unknown --weight-rounding 'stochastic'"),
+    (dict(policy="W", weight_rounding="gptq"), "weight_rounding='gptq': the weights are integer codes"),
+    (dict(policy="I", weight_rounding="stochastic"), "unknown weight_rounding 'stochastic'"),
 ])
 def test_rounding_options_are_refused_in_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:

@@ -9,24 +9,18 @@ executorch's Arm backend (analysing a program still loads the parts of
 executorch it uses).
 """
 
+import importlib
 from typing import Any
 
-from codec_tosa.tools.model_libs import repair_torchvision
-
-# torchvision's CUDA wheel cannot import beside CPU torch unless two operator
-# schemas exist first; define them (only where its C extension cannot load),
-# so that `import codec_tosa` then `import torchvision` works
-repair_torchvision()
-
-from codec_tosa.analysis import Analysis, analyze
 from codec_tosa.commutation import CommutationTable, PolicyOrder, Row
 from codec_tosa.placement import PLACEMENTS
+from codec_tosa.planning.analysis import Analysis, analyze
 
 _LAZY = {
     "CodecSpec": "codec_tosa.spec",
-    "CodecTosaPartitioner": "codec_tosa.partitioner",
-    "CodecQuantizer": "codec_tosa.quantizer",
-    "CodecTosaBackend": "codec_tosa.backend",
+    "CodecTosaPartitioner": "codec_tosa.targets.tosa.partitioner",
+    "CodecQuantizer": "codec_tosa.quantizer.codec_quantizer",
+    "CodecTosaBackend": "codec_tosa.targets.tosa.backend",
     "save": "codec_tosa.tools.save",
 }
 
@@ -35,7 +29,5 @@ __all__ = ["Analysis", "analyze", "CommutationTable", "PolicyOrder", "Row", "PLA
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'codec_tosa' has no attribute {name!r}")

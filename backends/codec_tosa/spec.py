@@ -1,4 +1,7 @@
-"""CodecSpec: what the user asks of the backend (policy, placement, TOSA spec, options)."""
+"""What the user asks of the backend, split as Arm splits it: what to place
+(`PlacementOptions`), what to target (`TargetOptions`), how to quantize
+(`QuantizationOptions`), with `CodecSpec` the friendly front that takes them all.
+Errors name the Python arguments; the CLI maps them to its flags."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from codec_tosa.calibration import HISTOGRAM, OBSERVERS
+from codec_tosa.planning.calibration import HISTOGRAM, OBSERVERS
 from codec_tosa.codecs.int8 import DEFAULT_CODEC, SYMMETRIC_CODEC, Int8Affine
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.commutation.table import XNNPACK, CommutationTable
@@ -31,47 +34,81 @@ INT4_EXTENSION = "+int4"
 
 # Activation precision per domain at the integer policy (docs/DESIGN.md, "Precision
 # per domain"): every domain INT8, every domain Arm lowers at int16 INT16 (Arm's
-# a16w8), or the least traffic that meets `budget` (the search, `codec_tosa.precision`)
+# a16w8), or the least traffic that meets `budget` (the search, `codec_tosa.quantizer.precision`)
 INT8, INT16, AUTO = "int8", "int16", "auto"
 PRECISIONS = (INT8, INT16, AUTO)
 # Weight precision of the convolutions and linears that read INT8 codes: INT8, INT4
 # (Arm's a8w4), or what the search chooses under `budget`
 INT4 = "int4"
 WEIGHT_PRECISIONS = (INT8, INT4, AUTO)
-# How a weight's codes are picked at its codec's scales (`codec_tosa.weight_rounding`):
+# How a weight's codes are picked at its codec's scales (`codec_tosa.quantizer.weight_rounding`):
 # each element to the nearest code, or GPTQ's error-compensating order on the data
 # `CodecQuantizer.choose_precision` is given
 NEAREST, GPTQ = "nearest", "gptq"
 WEIGHT_ROUNDINGS = (NEAREST, GPTQ)
 
 
-@dataclass(frozen=True)
-class CodecSpec:
-    """Options of `CodecTosaPartitioner`; `tosa=None` picks INT+FP (FP for policy Z,
-    INT for policy I). `target` is ``tosa``, ``vgf``, an Ethos-U accelerator
-    (``ethos-u55-128``): the delegate is then Arm's EthosUBackend (Vela), which
-    takes policy I only, or ``xnnpack`` (policy I): `CodecQuantizer` annotates
-    for XNNPACK's static INT8 kernels and `XnnpackPartitioner` lowers. `placement=None` picks ``nonlocal+share`` at policy I
-    (concatenations observed with their inputs, as Arm's INT8 quantizer does)
-    and ``nonlocal+coalesce`` otherwise; `observer=None` picks ``histogram`` (the
-    range Arm's INT8 quantizer's HistogramObserver picks; on the trained models
-    it is at least stock INT8's logit SQNR at every policy, minmax is not:
-    benchmarks/RESULTS.md). `pool_constants=None` pools helper constants except at
-    the reference policy, whose payload is then stock Arm's byte for byte.
+def _arg(name: str, value: Any) -> str:
+    """How an error names an argument: as Python spells it (the CLI maps it to its flag,
+    `tools.cli.as_flags`)."""
+    return f"{name}={value!r}"
 
-    An integer-only spec (policy I) is `CodecQuantizer`'s: the partitioner
-    then serves the program that quantizer made (README, "Integer targets")."""
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """What to place: the policy, the placement, how codecs are calibrated and lowered."""
 
     policy: str = "W"
-    placement: str | None = None
-    tosa: str | None = None
+    placement: str | None = None  # None: nonlocal+share at policy I, else nonlocal+coalesce
     fused_transcode: bool = False
-    pool_constants: bool | None = None
+    pool_constants: bool | None = None  # None: pooled except at the reference policy
     table: CommutationTable | None = None
     # activation codecs with zero point 0 (2-operator encode/decode instead of 3)
     symmetric_activations: bool = False
+    observer: str | None = None  # None: histogram
+
+    def __post_init__(self) -> None:
+        table = self.table or _default_table()
+        table.order.rank(self.policy)
+        if self.placement is None:
+            # frozen: the default depends on the policy, so it is filled in here
+            object.__setattr__(self, "placement", SHARE if self.policy == INTEGER_POLICY else COALESCE)
+        check_placement(self.placement)
+        if self.observer is None:
+            object.__setattr__(self, "observer", HISTOGRAM)
+        if self.observer not in OBSERVERS:
+            raise ValueError(f"unknown observer {self.observer!r}: expected one of {', '.join(OBSERVERS)}")
+        if self.pool_constants is None:
+            # the reference policy's bytes are stock Arm's unless asked otherwise
+            object.__setattr__(self, "pool_constants", self.policy != table.order.reference)
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What to target: the target and its TOSA spec (None: the policy's)."""
+
     target: str = "tosa"
-    observer: str | None = None
+    tosa: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS and not self.ethos_u:
+            raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
+                             "accelerator such as ethos-u55-128 or ethos-u85-256")
+        if self.ethos_u and self.tosa not in (None, INT_ONLY):
+            raise ValueError(f"{_arg('target', self.target)}: the TOSA spec is Arm's for the target, "
+                             f"not {self.tosa}")
+
+    @property
+    def ethos_u(self) -> bool:
+        """The target is an Ethos-U accelerator (the delegate is Arm's EthosUBackend)."""
+        return self.target.startswith(ETHOS_U_PREFIX)
+
+
+@dataclass(frozen=True)
+class QuantizationOptions:
+    """How to quantize at the integer policy: activation and weight widths, the
+    precision search's budget, weight rounding."""
+
     # activation precision (PRECISIONS); `int16_domains` puts these domain ids at int16
     # on top of an int8 plan (by hand, or as a search chose them); `budget` is the
     # search's floor: the SQNR in dB of every output against FP32 on the calibration
@@ -84,79 +121,90 @@ class CodecSpec:
     # WEIGHT_ROUNDINGS: gptq needs `choose_precision` between calibration and convert
     weight_rounding: str = NEAREST
     # at precision auto: a chain of convolutions may change width at a convolution's
-    # input, through a transcode (`codec_tosa.precision.chain_cuts`)
+    # input, through a transcode (`codec_tosa.quantizer.precision.chain_cuts`)
     split_chains: bool = False
     metric: Callable[[list[torch.Tensor], list[torch.Tensor]], float] | None = None
 
     def __post_init__(self) -> None:
-        self.commutation_table.order.rank(self.policy)
-        if self.placement is None:
-            # frozen: the default depends on the policy, so it is filled in here
-            object.__setattr__(self, "placement",
-                               SHARE if self.policy == INTEGER_POLICY else COALESCE)
-        check_placement(self.placement)
-        if self.observer is None:
-            object.__setattr__(self, "observer", HISTOGRAM)
-        if self.observer not in OBSERVERS:
-            raise ValueError(f"unknown observer {self.observer!r}: expected one of {', '.join(OBSERVERS)}")
-        if self.weight_rounding not in WEIGHT_ROUNDINGS:
-            raise ValueError(f"unknown --weight-rounding {self.weight_rounding!r}: expected one of "
-                             f"{', '.join(WEIGHT_ROUNDINGS)}")
-        if self.weight_rounding == GPTQ and self.policy != INTEGER_POLICY:
-            raise ValueError(f"--weight-rounding {GPTQ}: the weights are integer codes at --policy "
-                             f"{INTEGER_POLICY} only (got policy {self.policy})")
-        if self.target not in TARGETS and not self.ethos_u:
-            raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
-                             "accelerator such as ethos-u55-128 or ethos-u85-256")
-        if self.target == XNNPACK_TARGET and (self.policy != INTEGER_POLICY or self.tosa is not None):
-            raise ValueError(f"--target {self.target} needs --policy {INTEGER_POLICY} and no TOSA spec "
-                             f"(got policy {self.policy}, tosa {self.tosa}): XNNPACK's static INT8 flow "
-                             "is CodecQuantizer's, lowered with XnnpackPartitioner")
-        if self.ethos_u and self.policy != INTEGER_POLICY:
-            raise ValueError(f"--target {self.target} needs --policy {INTEGER_POLICY} (got {self.policy}): "
-                             "Ethos-U runs integer TOSA only")
-        if self.ethos_u and self.tosa not in (None, INT_ONLY):
-            raise ValueError(f"--target {self.target}: the TOSA spec is Arm's for the target, not {self.tosa}")
-        self._check_precision()
-        if self.pool_constants is None:
-            # the reference policy's bytes are stock Arm's unless asked otherwise
-            object.__setattr__(self, "pool_constants", not self.reference)
-
-    def _check_precision(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
         if self.weights not in WEIGHT_PRECISIONS:
             raise ValueError(f"unknown weight precision {self.weights!r}: expected one of "
                              f"{', '.join(WEIGHT_PRECISIONS)}")
+        if self.weight_rounding not in WEIGHT_ROUNDINGS:
+            raise ValueError(f"unknown weight_rounding {self.weight_rounding!r}: expected one of "
+                             f"{', '.join(WEIGHT_ROUNDINGS)}")
         object.__setattr__(self, "int16_domains", tuple(sorted({int(d) for d in self.int16_domains})))
         if self.split_chains and self.precision != AUTO:
-            raise ValueError(f"--split-chains lets the precision search cut chains of convolutions: it needs "
-                             f"--precision auto (got {self.precision})")
+            raise ValueError(f"{_arg('split_chains', True)} lets the precision search cut chains of "
+                             f"convolutions: it needs {_arg('precision', AUTO)} (got {self.precision!r})")
+        if self.int16_domains and self.precision != INT8:
+            raise ValueError(f"`int16_domains` picks domains by hand on an int8 plan, not with "
+                             f"{_arg('precision', self.precision)}")
+        searched = AUTO in (self.precision, self.weights)
+        if searched and self.budget is None:
+            asked = _arg("precision" if self.precision == AUTO else "weights", AUTO)
+            raise ValueError(f"{asked} needs `budget`: the SQNR floor in dB against FP32 (or the metric's "
+                             "threshold)")
+        if not searched and (self.budget is not None or self.metric is not None):
+            raise ValueError(f"`budget` is the precision search's floor: it needs {_arg('precision', AUTO)} "
+                             f"or {_arg('weights', AUTO)}")
+
+
+@dataclass(frozen=True)
+class CodecSpec(QuantizationOptions, TargetOptions, PlacementOptions):
+    """Everything `CodecTosaPartitioner` and `CodecQuantizer` take, in one friendly
+    front: it is a `PlacementOptions` (what to place), a `TargetOptions` (what to
+    target) and a `QuantizationOptions` (how to quantize), each validated where it
+    is defined, and checks how they combine.
+
+    `tosa=None` picks INT+FP (FP for policy Z, INT for policy I). `target` is
+    ``tosa``, ``vgf``, an Ethos-U accelerator (``ethos-u55-128``: the delegate is
+    then Arm's EthosUBackend, Vela, which takes policy I only) or ``xnnpack``
+    (policy I: `CodecQuantizer` annotates for XNNPACK's static INT8 kernels and
+    `XnnpackPartitioner` lowers). `placement=None` picks ``nonlocal+share`` at
+    policy I (concatenations observed with their inputs, as Arm's INT8 quantizer
+    does) and ``nonlocal+coalesce`` otherwise; `observer=None` picks
+    ``histogram`` (the range Arm's INT8 quantizer's HistogramObserver picks).
+    `pool_constants=None` pools helper constants except at the reference policy,
+    whose payload is then stock Arm's byte for byte.
+
+    An integer-only spec (policy I) is `CodecQuantizer`'s: the partitioner then
+    serves the program that quantizer made."""
+
+    def __post_init__(self) -> None:
+        PlacementOptions.__post_init__(self)
+        TargetOptions.__post_init__(self)
+        QuantizationOptions.__post_init__(self)
+        self._check_combined()
+
+    def _check_combined(self) -> None:
+        """What no one of the three option objects can check alone."""
+        integer = _arg("policy", INTEGER_POLICY)
+        if self.weight_rounding == GPTQ and self.policy != INTEGER_POLICY:
+            raise ValueError(f"{_arg('weight_rounding', GPTQ)}: the weights are integer codes at {integer} "
+                             f"only (got policy {self.policy!r})")
+        if self.target == XNNPACK_TARGET and (self.policy != INTEGER_POLICY or self.tosa is not None):
+            raise ValueError(f"{_arg('target', self.target)} needs {integer} and no TOSA spec "
+                             f"(got policy {self.policy!r}, tosa {self.tosa!r}): XNNPACK's static INT8 flow "
+                             "is CodecQuantizer's, lowered with XnnpackPartitioner")
+        if self.ethos_u and self.policy != INTEGER_POLICY:
+            raise ValueError(f"{_arg('target', self.target)} needs {integer} (got {self.policy!r}): "
+                             "Ethos-U runs integer TOSA only")
         if not self.mixed_precision and self.weights == INT8:
-            if self.budget is not None or self.metric is not None:
-                raise ValueError("--budget is the precision search's floor: it needs --precision auto "
-                                 "or --weights auto")
             return
-        asked = f"--precision {self.precision}" if self.mixed_precision else f"--weights {self.weights}"
+        asked = (_arg("precision", self.precision) if self.mixed_precision
+                 else _arg("weights", self.weights))
         if self.policy != INTEGER_POLICY or self.target in (XNNPACK_TARGET, "vgf"):
             raise ValueError(f"{asked}: int16 activations and int4 weights are Arm's INT flow's, at "
-                             f"--policy {INTEGER_POLICY} with --target tosa or an Ethos-U target "
-                             f"(got policy {self.policy}, target {self.target})")
-        if self.int16_domains and self.precision != INT8:
-            raise ValueError(f"int16_domains picks domains by hand on an int8 plan, not with "
-                             f"--precision {self.precision}")
-        if self.searched and self.budget is None:
-            raise ValueError(f"{'--precision' if self.precision == AUTO else '--weights'} auto needs --budget: "
-                             "the SQNR floor in dB against FP32 (or, from Python, the metric's threshold)")
-        if not self.searched and (self.budget is not None or self.metric is not None):
-            raise ValueError("--budget is the precision search's floor: it needs --precision auto "
-                             "or --weights auto")
+                             f"{integer} with {_arg('target', 'tosa')} or an Ethos-U target "
+                             f"(got policy {self.policy!r}, target {self.target!r})")
         if self.tosa is not None and self.mixed_precision and INT16_EXTENSION not in self.tosa:
-            raise ValueError(f"--precision {self.precision}: TOSA spec {self.tosa} has no int16 extension "
-                             f"(use {INT_ONLY}{INT16_EXTENSION}, or no --tosa)")
+            raise ValueError(f"{asked}: TOSA spec {self.tosa} has no int16 extension "
+                             f"(use {_arg('tosa', INT_ONLY + INT16_EXTENSION)}, or none)")
         if self.tosa is not None and self.weights != INT8 and INT4_EXTENSION not in self.tosa:
-            raise ValueError(f"--weights {self.weights}: TOSA spec {self.tosa} has no int4 extension "
-                             f"(use {INT_ONLY}{INT4_EXTENSION}, or no --tosa)")
+            raise ValueError(f"{_arg('weights', self.weights)}: TOSA spec {self.tosa} has no int4 extension "
+                             f"(use {_arg('tosa', INT_ONLY + INT4_EXTENSION)}, or none)")
 
     @property
     def mixed_precision(self) -> bool:
@@ -197,10 +245,6 @@ class CodecSpec:
         """The codec whose theta calibration learns for each domain."""
         return SYMMETRIC_CODEC if self.symmetric_activations else DEFAULT_CODEC
 
-    @property
-    def ethos_u(self) -> bool:
-        """The target is an Ethos-U accelerator (the delegate is Arm's EthosUBackend)."""
-        return self.target.startswith(ETHOS_U_PREFIX)
 
     @property
     def integer_only(self) -> bool:

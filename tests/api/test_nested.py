@@ -20,7 +20,7 @@ from test_recipes import IO_KERNELS, RECIPES  # noqa: E402
 
 def _runnable(pte: bytes) -> bytes:
     """Arm's TOSABackend payload is a TOSA flatbuffer: relabelled, our runtime runs it."""
-    from codec_tosa.backend import BACKEND_ID
+    from codec_tosa.runtime import BACKEND_ID
     from codec_tosa.runtime.pte import delegates, with_delegates_replaced
 
     return with_delegates_replaced(pte, {i: (BACKEND_ID, d.payload) for i, d in enumerate(delegates(pte))})
@@ -37,7 +37,7 @@ def test_a_nested_model_through_the_readme_recipe(title: str, tmp_path: Path,
     from codec_tosa.runtime.executorch_runner import run_pte
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.tools.cli import main
-    from codec_tosa.tools.metrics import sqnr_db
+    from codec_tosa.validation.metrics import sqnr_db
 
     model, example = program_shapes.nested_cell()
     gen = torch.Generator().manual_seed(1)

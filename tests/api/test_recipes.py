@@ -86,7 +86,7 @@ def test_recipe(title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     if EXPECTED[title] == "XnnpackBackend":
         from codec_tosa.runtime.executorch_runner import run_pte
-        from codec_tosa.tools.metrics import sqnr_db
+        from codec_tosa.validation.metrics import sqnr_db
 
         data = namespace["program"].buffer
         info = inspect_pte(data)

@@ -33,7 +33,7 @@ def test_specs_no_partitioner_can_serve_are_refused_when_made() -> None:
     # an integer VGF is Arm's VgfPartitioner's (on a CodecQuantizer program), not ours
     with pytest.raises(ValueError, match="an integer VGF is Arm's: quantize with CodecQuantizer"):
         CodecTosaPartitioner(CodecSpec(policy="I", target="vgf"))
-    with pytest.raises(ValueError, match="needs --policy I"):
+    with pytest.raises(ValueError, match="needs policy='I'"):
         CodecSpec(policy="W", target="ethos-u85-256")
 
 

@@ -117,7 +117,7 @@ def ours(flow: str) -> str:
 
 def _runnable(pte: bytes, flow: str) -> bytes:
     """Arm's TOSABackend delegates run on our runtime backend (the TOSA reference model)."""
-    from codec_tosa.backend import BACKEND_ID
+    from codec_tosa.runtime import BACKEND_ID
     from codec_tosa.runtime.pte import delegates, with_delegates_replaced
 
     if flow != "tosa-int":
@@ -151,7 +151,7 @@ def test_each_pipeline_changes_exactly_the_quantizer_line(flow: str) -> None:
 def test_the_stock_pipeline_with_codec_quantizer(flow: str, model_name: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from codec_tosa.runtime.executorch_runner import run_pte
-    from codec_tosa.tools.metrics import sqnr_db
+    from codec_tosa.validation.metrics import sqnr_db
 
     # as in a shell with the venv active: Arm's VgfBackend finds model-converter on PATH
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -84,8 +84,8 @@ def test_save_report_and_compile_give_one_set_of_vela_figures(tmp_path: Path,
 
 
 def test_report_gives_a_stock_pte_its_vela_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from codec_tosa import arm_adapter
-    from codec_tosa.vela_summary import read_vela_summary
+    from codec_tosa.arm import adapter as arm_adapter
+    from codec_tosa.targets.ethosu.vela_summary import read_vela_summary
 
     with arm_adapter.vela_runs_kept(str(tmp_path / "runs")) as runs:
         stock = _pipeline("EthosUQuantizer(compile_spec)", dump=tmp_path / "arm_dump")

@@ -30,21 +30,21 @@ from hypothesis import HealthCheck, given, settings
 from torch.fx.passes.infra.pass_base import PassResult
 
 from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
-from codec_tosa.arm_pipeline import CodecPermuteUpPass
-from codec_tosa.analysis import analyze, port_graph
+from codec_tosa.arm.pipeline import CodecPermuteUpPass
+from codec_tosa.planning.analysis import analyze, port_graph
 from codec_tosa.commutation.policy import INTEGER_POLICY
-from codec_tosa.calibration import random_calibration
-from codec_tosa.tools.artefacts import PTE, REFERENCE_IO
+from codec_tosa.planning.calibration import random_calibration
+from codec_tosa.targets.artefacts import PTE, REFERENCE_IO
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_io import reference_outputs
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.reference_io import reference_outputs
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.placement import COALESCE, LOCAL, NONLOCAL, PLACEMENTS, SHARE
 from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import PteInfo, inspect_pte
 from codec_tosa.runtime.pte import delegate_payload, delegates
 
-from codec_tosa.tools.samples import held_out_inputs
-from codec_tosa.tools.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
+from codec_tosa.validation.samples import held_out_inputs
+from codec_tosa.validation.validate import Z_RTOL, Validation, ValidationError, Verdict, validate
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.report import IO_KERNELS

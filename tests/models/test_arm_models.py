@@ -14,7 +14,7 @@ import pytest
 from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import compile_module
-from codec_tosa.tools.validate import Verdict, validate
+from codec_tosa.validation.validate import Verdict, validate
 from codec_tosa_examples.models import load_model
 
 IO_KERNELS = {"quantized_decomposed::quantize_per_tensor", "quantized_decomposed::dequantize_per_tensor"}

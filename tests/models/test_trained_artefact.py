@@ -11,7 +11,7 @@ import torch
 
 from codec_tosa import CodecSpec, CodecTosaPartitioner
 from codec_tosa.runtime.executorch_runner import run_pte
-from codec_tosa.tools.metrics import sqnr_db
+from codec_tosa.validation.metrics import sqnr_db
 from codec_tosa_examples.models import trained
 
 MODEL = "digits_ds_cnn"
@@ -45,7 +45,7 @@ def test_clean_images_keep_fp32_accuracy(logits) -> None:
     labels = trained.digits().test_y[:IMAGES]
     assert trained.accuracy(ran.argmax(1), labels) >= trained.accuracy(fp32.argmax(1), labels) - 1 / IMAGES
     # at W every conv+relu domain is coded at its post-relu range: 36 dB on the
-    # whole set (RESULTS.md); coding it at the signed pre-relu range gave 34.5
+    # whole set (docs/results/accuracy.md); coding it at the signed pre-relu range gave 34.5
     assert sqnr_db(fp32.numpy(), ran.numpy()) > 35.0
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from codec_tosa import arm_adapter
+from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa._passes.fully_masked_rows import ZeroFullyMaskedRowsPass
 
 

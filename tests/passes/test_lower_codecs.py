@@ -19,11 +19,11 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 from executorch.exir import to_edge
 from executorch.exir.capture._config import EdgeCompileConfig
 
-from codec_tosa import arm_adapter
+from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.runtime.pte import delegate_payload
-from codec_tosa.tools.reference_model import run_reference_model as run_reference
+from codec_tosa.validation.reference_model import run_reference_model as run_reference
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 

@@ -23,8 +23,8 @@ from executorch.exir import to_edge
 from executorch.exir.capture._config import EdgeCompileConfig
 from torch.export import ExportedProgram
 
-from codec_tosa import arm_adapter
-from codec_tosa.calibration import lifted_args
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.planning.calibration import lifted_args
 from codec_tosa.codecs import Int8Affine, Theta
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph, program_constants as constant_names
@@ -37,9 +37,9 @@ from codec_tosa._passes.materialize_codecs import (
     MaterializeCodecsPass,
     MaterializeStats,
 )
-from codec_tosa.plan_meta import KEY, write_plan_meta
-from codec_tosa.simulation import IntegerSimulator
-from codec_tosa.tools.reference_model import run_reference_model as run_reference
+from codec_tosa.placement.meta import KEY, write_plan_meta
+from codec_tosa.validation.simulation import IntegerSimulator
+from codec_tosa.validation.reference_model import run_reference_model as run_reference
 from codec_tosa.serialization.tosa_stats import iter_operators, tensors, tosa_stats
 
 TOSA_SPEC = "TOSA-1.0+INT+FP"

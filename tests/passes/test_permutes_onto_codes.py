@@ -17,15 +17,16 @@ import pytest
 import torch
 from executorch.backends.transforms import propagate_view_copy_permute_pass as propagation
 
-from codec_tosa import arm_adapter, stock
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.arm import stock
 from codec_tosa.codecs import Int8Affine
 from codec_tosa.codecs.int8 import NEAR_SYMMETRIC, QMAX, QMIN
 from codec_tosa.runtime.pte import delegate_payload
 from codec_tosa.serialization import tosa_stats as ts
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.validation.reference_model import run_reference_model
 
 import small_models
 

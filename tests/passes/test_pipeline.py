@@ -15,7 +15,7 @@ import small_models
 from codec_tosa import _passes
 from codec_tosa._passes import PIPELINE, Stage
 from codec_tosa._passes.pass_base import CodecPass
-from codec_tosa.arm_pipeline import CodecArmPassManager
+from codec_tosa.arm.pipeline import CodecArmPassManager
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
 

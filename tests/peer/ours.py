@@ -41,7 +41,7 @@ def run_policy(case: PeerCase, policy: str) -> OursRecord:
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.cli import error_kind, error_line
     from codec_tosa.tools.compiler import compile_module
-    from codec_tosa.tools.validate import validate
+    from codec_tosa.validation.validate import validate
 
     module, inputs = case.build()
     stage: dict[str, str] = {}

@@ -47,7 +47,7 @@ def test_stock_delegated_case_passes_or_is_refused_in_one_line(case: PeerCase, p
     assert record["delegates"] >= 1, case.id
 
 
-# Cases of Arm's that failed at I in benchmarks/peer.json and what fixed them:
+# Cases of Arm's that failed at I in benchmarks/results/peer.json and what fixed them:
 # where's `other` outside the SELECT's domain and zeros_like's input encoded on its
 # own (a delegate input Arm's folding left unread); an FP16 program's decode into a
 # TABLE simulated in FP16 (Arm tabulates from FP32); atanh's infinities at +-1 in
@@ -70,7 +70,7 @@ def test_case_fixed_at_i_passes(case_id: str) -> None:
     assert record["delegates"] >= 1 and not record["cpu_ops"], record
 
 
-# Cases of Arm's that FAILed at W in benchmarks/peer.json: asinh and sinh of values
+# Cases of Arm's that FAILed at W in benchmarks/results/peer.json: asinh and sinh of values
 # near 0, which Arm decomposes into log(x + sqrt(x * x + 1)) and (exp(x) - exp(-x))
 # * 0.5 in FP32, many ulps of the output from PyTorch's; the simulation ran PyTorch's
 # ... and, found by the whole suite (`make peer`), atan, which Arm approximates by a Pade
@@ -80,7 +80,7 @@ FIXED_AT_W = ("test_asinh:Asinh:near_zero", "test_sinh:Sinh:small", "test_atan:A
 
 @pytest.mark.parametrize("case_id", FIXED_AT_W)
 def test_case_fixed_at_w_passes(case_id: str) -> None:
-    from codec_tosa.rounding_ambiguity import FP32_DECOMPOSITIONS
+    from codec_tosa.validation.rounding_ambiguity import FP32_DECOMPOSITIONS
 
     (case,) = [c for c in collect_cases() if c.id == case_id]
     _, (x, *_) = case.build()
@@ -95,7 +95,7 @@ def test_case_fixed_at_w_passes(case_id: str) -> None:
     assert record["delegates"] >= 1, record
 
 
-# A case of Arm's that crashed at W in the held-out sample (benchmarks/peer_seed1.json):
+# A case of Arm's that crashed at W in the held-out sample (benchmarks/results/peer_seed1.json):
 # argmax of a vector returns a rank-0 index, whose "step" the reference stage sliced
 FIXED_AT_W_OTHER = ("test_argmax:Argmax:rank_1_dim_0",)
 

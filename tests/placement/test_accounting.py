@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from codec_tosa import analyze
-from codec_tosa.accounting import OURS, PAPER, account, was_inplace
-from codec_tosa.analysis import port_graph
+from codec_tosa.planning.accounting import OURS, PAPER, account, was_inplace
+from codec_tosa.planning.analysis import port_graph
 
 
 class _ConvBlock(torch.nn.Module):

@@ -21,7 +21,7 @@ from codec_tosa.runtime.executorch_runner import DelegateCall, run_pte, run_pte_
 from codec_tosa.runtime.pte import delegates, inspect_pte
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.validation.reference_model import run_reference_model
 import small_models
 
 BACKEND_ID = "CodecTosaBackend"

@@ -326,7 +326,7 @@ def _codec_tosa_partitioner(tosa_spec: str) -> object:
 
 def test_codec_tosa_backend_pte_end_to_end(backend_library: Path) -> None:
     """Python CodecTosaBackend.preprocess -> .pte -> C++ CodecTosaBackend, bit-exact."""
-    import codec_tosa.backend as backend
+    import codec_tosa.targets.tosa.backend as backend
     assert backend.CodecTosaBackend.__name__ == BACKEND_ID
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir._serialize._program import _extract_delegate_payload
@@ -349,7 +349,7 @@ def test_codec_tosa_backend_pte_end_to_end(backend_library: Path) -> None:
 @pytest.mark.parametrize("policy", ["Z", "W"])
 def test_codec_tosa_partitioner_pte_runs_bit_exactly(backend_library: Path, policy: str) -> None:
     """The product path (placement, calibration, codecs for W) through the C++ runtime."""
-    import codec_tosa.partitioner as partitioner
+    import codec_tosa.targets.tosa.partitioner as partitioner
     import codec_tosa.spec as spec
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir._serialize._program import _extract_delegate_payload
@@ -468,7 +468,7 @@ def test_a_channels_last_input_runs_in_its_layout(policy: str, tmp_path: Path) -
     # tensor over in the layout the program declares (Arm's pixel_unshuffle test)
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import compile_module
-    from codec_tosa.tools.validate import Verdict, validate
+    from codec_tosa.validation.validate import Verdict, validate
 
     x = torch.rand(1, 4, 8, 6).to(memory_format=torch.channels_last)
     result = compile_module("unshuffle", (_Unshuffle(), (x,)), CodecSpec(policy), tmp_path, progress=False,

@@ -15,12 +15,14 @@ import pytest
 import torch
 import tosa_serializer as ts
 
-from codec_tosa import arm_adapter, stock
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.arm import stock
+from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.spec import CodecSpec
-from codec_tosa.vgf import ConversionError, NoVulkanDevice, VgfToolMissing, convert, run_vgf, vgf_tools
-from codec_tosa.vgf import run as vgf_run
-from codec_tosa.vgf import tools as vgf_tools_module
+from codec_tosa.targets.vgf import ConversionError, NoVulkanDevice, VgfToolMissing, run_vgf, vgf_tools
+from codec_tosa.targets.vgf import convert
+from codec_tosa.targets.vgf import run as vgf_run
+from codec_tosa.targets.vgf import tools as vgf_tools_module
 from codec_tosa.tools.compiler import lower_program
 
 VGF_BACKEND_ID = arm_adapter.VGF_BACKEND_ID
@@ -164,7 +166,7 @@ def test_inputs_must_match_the_vgf_tensors(lowered_w, model):
 
 
 def test_a_delegate_the_converter_rejects_fails_lowering_in_one_line(model, monkeypatch):
-    from codec_tosa import partitioner
+    from codec_tosa.targets.tosa import partitioner
 
     _, _, ep, calib = model
     # our TOSA step hands VgfBackend a graph the converter rejects, as a policy could

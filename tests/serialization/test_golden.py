@@ -9,7 +9,7 @@ from executorch.exir import to_edge_transform_and_lower
 import pytest
 
 import small_models
-from codec_tosa import arm_adapter
+from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa.runtime.pte import delegates, delegate_payload
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
@@ -32,7 +32,7 @@ def test_policy_z_without_pooling_is_stock_arm(model):
 
 
 def test_pooling_changes_the_bytes_but_not_the_outputs():
-    from codec_tosa.tools.validate import run_reference_model
+    from codec_tosa.validation.validate import run_reference_model
 
     m, x = conv_cat_reshape()
     ep = torch.export.export(m, x)

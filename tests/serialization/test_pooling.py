@@ -11,10 +11,10 @@ import pytest
 import torch
 import tosa_serializer as ts
 
-from codec_tosa import arm_adapter
+from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa._passes.const_shape_dedup import DedupConstShapesPass
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
-from codec_tosa.tools.reference_model import bit_identical, reference_inputs
+from codec_tosa.validation.reference_model import bit_identical, reference_inputs
 from codec_tosa.serialization.tosa_stats import iter_constants, iter_operators
 from pooling_support import (
     ATTENTION_INPUTS,
@@ -313,7 +313,7 @@ def test_a_lowered_serializer_is_freed(conv_fp: Lowered) -> None:
 def test_unet_fp_loses_over_a_third_of_its_operators() -> None:
     # U-Net at 64x64 (the paper model's weights and graph, 1/64 of the pixels,
     # for the two reference-model runs): 291 -> 184 operators, as
-    # InceptionV3 550 -> 344 (RESULTS.md)
+    # InceptionV3 550 -> 344 (docs/results/constant_pooling.md)
     from codec_tosa_examples.models.vision import unet
 
     model, inputs = unet(size=64)

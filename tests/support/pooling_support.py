@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from codec_tosa import arm_adapter, stock
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.arm import stock
 from codec_tosa.serialization.pooled import PooledTosaSerializer, PoolingStats
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 

@@ -301,7 +301,7 @@ def token_norms(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 class TokenSoftmax(nn.Module):
-    """linear -> softmax -> linear on tokens (the softmax row of RESULTS.md)."""
+    """linear -> softmax -> linear on tokens (the softmax row of docs/results/ethos_u.md)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -387,7 +387,7 @@ class ConvChain(nn.Module):
     """A plain chain of convolutions (DS-CNN's shape): conv + relu, then depthwise and
     pointwise pairs, each with a relu, a max pool, average pooling and a linear head
     (without `pooled`, the linear reads the flattened max pool). Without cuts it is
-    one precision group (`codec_tosa.precision`)."""
+    one precision group (`codec_tosa.quantizer.precision`)."""
 
     def __init__(self, pooled: bool = True) -> None:
         super().__init__()

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-import codec_tosa.simulation as simulation
+import codec_tosa.validation.simulation as simulation
 from codec_tosa.pytrees import leaves
-from codec_tosa.rounding_ambiguity import AmbiguousCode
+from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
 from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import delegates, read_pte
 from codec_tosa.serialization.tosa_stats import entry_io_tensors
 from codec_tosa.spec import CodecSpec
-from codec_tosa.tools.artefact_rounding import ArtefactRounding, _Rounding, artefact_roundings, exposing, rounding_names
+from codec_tosa.validation.artefact_rounding import ArtefactRounding, _Rounding, artefact_roundings, exposing, rounding_names
 from codec_tosa.tools.compiler import CompileResult, compile_model
-from codec_tosa.tools.reference_model import run_reference_model
-from codec_tosa.tools.samples import held_out_inputs
-from codec_tosa.tools.validate import Verdict, validate
+from codec_tosa.validation.reference_model import run_reference_model
+from codec_tosa.validation.samples import held_out_inputs
+from codec_tosa.validation.validate import Verdict, validate
 from model_files import TRANSFORMER_MODEL_FILE
 
 

@@ -13,20 +13,20 @@ import torch
 from torch import nn
 
 from codec_tosa.tools.cli import main
-from codec_tosa.calibration import CalibrationError, learn_thetas
+from codec_tosa.planning.calibration import CalibrationError, learn_thetas
 from codec_tosa.codecs.int8 import DEFAULT_CODEC
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_io import one_ulp_away
+from codec_tosa.validation.reference_io import one_ulp_away
 from codec_tosa.graph import GraphError, PortGraph
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.placement import place
 from codec_tosa.placement.semantics import CODE
 from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.runtime.pte import delegate_payload, read_pte
-from codec_tosa.tools.reference_model import ReferenceModelError, run_reference_model
-from codec_tosa.tools.validate import validate
+from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
+from codec_tosa.validation.validate import validate
 from codec_tosa.spec import CodecSpec
 import small_models
 from model_files import SMALL_MODEL_FILE

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from codec_tosa.precision_search import sqnr_db
+from codec_tosa.quantizer.search import sqnr_db
 from codec_tosa.runtime.executorch_runner import run_pte
 from codec_tosa.runtime.pte import delegate_payload, delegates, inspect_pte
 from codec_tosa.serialization.tosa_stats import iter_constants, rescale_neighbours, tosa_stats
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
 from codec_tosa.tools.compiler import compile_model
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.tools.report import IO_KERNELS
-from codec_tosa.tools.validate import ValidationError, Verdict, validate
+from codec_tosa.validation.validate import ValidationError, Verdict, validate
 
 import small_models
 from tosa_queries import float_operators, operator_dtypes
@@ -113,10 +113,10 @@ def test_mobile_block_at_i_is_one_integer_delegate(lowered):
 
 
 def test_target_needs_policy_i_and_a_known_target():
-    from codec_tosa import arm_adapter
+    from codec_tosa.arm import adapter as arm_adapter
     from codec_tosa.spec import CodecSpec
 
-    with pytest.raises(ValueError, match="needs --policy I"):
+    with pytest.raises(ValueError, match="needs policy='I'"):
         CodecSpec(policy="W", target="ethos-u55-128")
     with pytest.raises(ValueError, match="unknown Ethos-U target 'ethos-u99-7'"):
         arm_adapter.ethos_u_compile_spec("ethos-u99-7")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.simulation import simulate
+from codec_tosa.validation.simulation import simulate
 from codec_tosa.runtime.pte import delegate_payload, delegate_provenance
-from codec_tosa.tools.reference_model import run_reference_model
+from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.spec import CodecSpec
 

@@ -15,7 +15,7 @@ import program_shapes
 from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import compile_model
-from codec_tosa.tools.validate import Verdict, validate
+from codec_tosa.validation.validate import Verdict, validate
 
 SPEC = program_shapes.__file__
 
@@ -65,7 +65,7 @@ def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypa
     """A batch norm folded wrongly (its convolution's weight scaled by 1.5 after
     folding): the artefact equals the simulation bit for bit, since both run the
     wrong weights, but the planned FP32 program no longer equals eager: FAIL."""
-    from codec_tosa import partitioner
+    from codec_tosa.targets.tosa import partitioner
 
     fold = partitioner.FoldBatchNormPass.call
 

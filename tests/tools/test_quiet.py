@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codec_tosa.tools.quiet import is_noise, quiet
+from codec_tosa.quiet import is_noise, quiet
 from model_files import SMALL_MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[2]

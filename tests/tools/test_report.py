@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from codec_tosa.arm_adapter import stock_partitioner, tosa_compile_spec
+from codec_tosa.arm.adapter import stock_partitioner, tosa_compile_spec
 from codec_tosa.tools.cli import main
 from codec_tosa.tools.report import program_delegates as read_program_delegates
 from codec_tosa.serialization.tosa_stats import tosa_stats

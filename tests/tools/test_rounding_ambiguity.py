@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from codec_tosa.rounding_ambiguity import FP32_EPS, ambiguous_codes, error_bound, layer_norm_condition
+from codec_tosa.validation.rounding_ambiguity import FP32_EPS, ambiguous_codes, error_bound, layer_norm_condition
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.cli import main
 from codec_tosa.tools.compiler import CompileResult, compile_model
-from codec_tosa.tools.validate import Verdict, validate
+from codec_tosa.validation.validate import Verdict, validate
 from model_files import TRANSFORMER_MODEL_FILE
 
 SAMPLES = 8
@@ -93,7 +93,7 @@ def test_a_layer_norm_of_a_decode_has_its_mean_requantised_as_arm_does(planned_t
     """Arm decomposes a layer norm into a mean, ..., and a mean of a decoded value
     gets a codec on its sum; the simulation does the same (without it, the ViT at W
     was 1.97 steps off on every held-out input)."""
-    from codec_tosa.simulation import simulate_with_stats
+    from codec_tosa.validation.simulation import simulate_with_stats
 
     planned, example = planned_transformer
     _, stats = simulate_with_stats(planned, example)
@@ -136,8 +136,8 @@ def test_a_rerun_recomputes_only_what_a_flip_changes_and_equals_a_whole_run(plan
     """`IntegerSimulator.rerun` (the envelope's re-simulations) evaluates only the
     nodes a flip reaches, and gives the outputs of a whole simulation with that
     flip: for ambiguous codes alone and for all of them together."""
-    from codec_tosa.calibration import lifted_args
-    from codec_tosa.simulation import IntegerSimulator
+    from codec_tosa.planning.calibration import lifted_args
+    from codec_tosa.validation.simulation import IntegerSimulator
 
     planned, example = planned_transformer
     sim = planned.materialized()
@@ -167,9 +167,9 @@ def test_codes_changed_away_from_a_boundary_are_not_allowed(transformer, planned
     (here a layer norm's codes all set to 0) moves the output beyond it."""
     import operator
 
-    from codec_tosa.calibration import lifted_args
-    from codec_tosa.rounding_ambiguity import AmbiguousCode
-    from codec_tosa.simulation import IntegerSimulator, simulate_envelope
+    from codec_tosa.planning.calibration import lifted_args
+    from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
+    from codec_tosa.validation.simulation import IntegerSimulator, simulate_envelope
 
     planned, example = planned_transformer
     env = simulate_envelope(planned, example)
@@ -214,9 +214,9 @@ def test_fp32_decompositions_are_arms_on_the_reference_model(name: str, torch_di
     from executorch.exir import to_edge_transform_and_lower
 
     from codec_tosa import CodecTosaPartitioner
-    from codec_tosa.rounding_ambiguity import FP32_DECOMPOSITIONS
+    from codec_tosa.validation.rounding_ambiguity import FP32_DECOMPOSITIONS
     from codec_tosa.runtime.pte import delegate_payload
-    from codec_tosa.tools.reference_model import run_reference_model
+    from codec_tosa.validation.reference_model import run_reference_model
 
     x = _decomposition_inputs(name, torch.Generator().manual_seed(61))
     module = _Unary(name).eval()

@@ -1,6 +1,6 @@
 """simulate() against the artefact: the TOSA reference model on held-out inputs.
 
-The simulation (codec_tosa.simulation) evaluates Arm's INT8 operators on codes
+The simulation (codec_tosa.validation.simulation) evaluates Arm's INT8 operators on codes
 with the integer arithmetic of the lowering; these tests hold it to one
 quantisation step of each output on seeded random inputs that calibration
 never saw, on small ResNet-, MobileNet-, ShuffleNet- and attention-style
@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_io import fp32_steps
-from codec_tosa.rescale import multiplier_and_shift, rescale
+from codec_tosa.validation.reference_io import fp32_steps
+from codec_tosa.validation.rescale import multiplier_and_shift, rescale
 from codec_tosa.runtime.pte import delegate_payload
-from codec_tosa.tools.reference_model import run_reference_model
-from codec_tosa.simulation import simulate_with_stats
+from codec_tosa.validation.reference_model import run_reference_model
+from codec_tosa.validation.simulation import simulate_with_stats
 from codec_tosa.spec import CodecSpec
 
 HELD_OUT = 6  # random inputs per model, drawn after (and apart from) calibration
@@ -186,8 +186,8 @@ def test_simulation_matches_reference_model(name, seed, policy):
 def test_constants_are_derived_once_and_change_nothing() -> None:
     """The weights' decodes and centred codes are kept with the materialised program
     and reused on later input sets: the outputs equal a simulator that keeps nothing."""
-    from codec_tosa.calibration import lifted_args
-    from codec_tosa.simulation import IntegerSimulator, constants_of
+    from codec_tosa.planning.calibration import lifted_args
+    from codec_tosa.validation.simulation import IntegerSimulator, constants_of
 
     _, example, shape, lowered = _lowered("resnet", 2, "W")
     planned = lowered.planned
@@ -209,9 +209,9 @@ def test_constants_are_derived_once_and_change_nothing() -> None:
 def test_int8_gemm_and_float32_paths_simulate_alike(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Convolutions and linears of int8 codes summed by the int8 GEMM (where the CPU
     has an exact one) or in float32 chunks: the same simulation, bit for bit."""
-    from codec_tosa import integer_products
-    from codec_tosa.calibration import lifted_args
-    from codec_tosa.simulation import IntegerSimulator
+    from codec_tosa.validation import integer_products
+    from codec_tosa.planning.calibration import lifted_args
+    from codec_tosa.validation.simulation import IntegerSimulator
 
     _, example, shape, lowered = _lowered(name, 0, "W")
     sim = lowered.planned.materialized()
@@ -229,8 +229,8 @@ def test_decodes_left_out_are_computed_when_read() -> None:
     codes' own value is freed: the materialised program's result, in eager."""
     from unittest import mock
 
-    from codec_tosa.calibration import lifted_args
-    from codec_tosa.simulation import IntegerSimulator
+    from codec_tosa.planning.calibration import lifted_args
+    from codec_tosa.validation.simulation import IntegerSimulator
 
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1)).eval()
     example = (torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(0)),)
@@ -245,7 +245,7 @@ def test_decodes_left_out_are_computed_when_read() -> None:
 
 def test_an_accumulator_leaves_int32_before_it_could_wrap() -> None:
     """The int8 GEMM's int32 sums stay int32 with their bias only while the sum fits."""
-    from codec_tosa.simulation import _plus_bias
+    from codec_tosa.validation.simulation import _plus_bias
 
     bias = torch.tensor([[20], [-20]])
     kept = _plus_bias(torch.tensor([[5], [-5]], dtype=torch.int32), bias)
@@ -281,7 +281,7 @@ def _policy_i_mismatches(lowered: Any, inputs: list[tuple[torch.Tensor, ...]]) -
     """Output elements where the ExecuTorch runtime (CPU quantize, the delegate on
     the TOSA reference model) differs from the simulation, over `inputs`."""
     from codec_tosa.runtime.executorch_runner import run_pte
-    from codec_tosa.simulation import simulate
+    from codec_tosa.validation.simulation import simulate
 
     bad = 0
     for x in inputs:
@@ -339,7 +339,7 @@ def test_policy_i_residual_adds_are_simulated_in_int32() -> None:
     instead left U-Net 10 steps off), so the runtime equals it on held-out
     inputs."""
     import small_models
-    from codec_tosa.tools.samples import held_out_inputs
+    from codec_tosa.validation.samples import held_out_inputs
 
     model, x = small_models.residual_stack()
     low = lower_program(torch.export.export(model, x), CodecSpec("I"), small_models.calibration(x))
@@ -367,7 +367,7 @@ def test_policy_i_avg_pool_is_simulated_as_tosa_computes_it(kernel: int, stride:
     calibration: the simulation equals the reference model bit for bit, including
     which way a tie rounds, which follows the zero point Arm actually serialises."""
     from codec_tosa.serialization.tosa_stats import iter_constants, iter_operators
-    from codec_tosa.simulation import arm_pool_zero_point
+    from codec_tosa.validation.simulation import arm_pool_zero_point
 
     gen = torch.Generator().manual_seed(3)
     x = (torch.randn(1, 4, 10, 10, generator=gen) + shift,)

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from codec_tosa import progress
-from codec_tosa.calibration import CalibrationError, random_calibration
+from codec_tosa.planning.calibration import CalibrationError, random_calibration
 from codec_tosa.runtime.pte import inspect_pte
 from codec_tosa.tools.cli import DEFAULT_SAMPLES as CLI_SAMPLES, main
 from codec_tosa.tools.compiler import lower_program
-from codec_tosa.tools.reference_io import InputSet, sqnr_warnings
-from codec_tosa.tools.samples import DEFAULT_SAMPLES, held_out_inputs
-from codec_tosa.tools.validate import EXIT_STATUS, SQNR_FLOOR_DB, Verdict, sqnr_db, validate
+from codec_tosa.validation.reference_io import InputSet, sqnr_warnings
+from codec_tosa.validation.samples import DEFAULT_SAMPLES, held_out_inputs
+from codec_tosa.validation.validate import EXIT_STATUS, SQNR_FLOOR_DB, Verdict, sqnr_db, validate
 from codec_tosa.spec import CodecSpec
 from model_files import SMALL_MODEL_FILE
 import small_models
@@ -167,8 +167,26 @@ def test_calibration_with_bare_tensors_says_to_use_tuples() -> None:
         lower_program(torch.export.export(model, example), CodecSpec("W"), [example[0], example[0]])
 
 
-def test_import_codec_tosa_makes_torchvision_importable() -> None:
-    code = "import codec_tosa, torchvision, torch; torchvision.models.resnet18(); print('ok')"
+def test_import_codec_tosa_changes_no_other_package_and_the_repair_is_explicit() -> None:
+    """`import codec_tosa` defines no torchvision operator and sets no environment
+    variable; where torchvision is a CUDA build beside CPU torch, the model-loading
+    tools' `repair_torchvision` (which the CLI's loaders and the tests call) makes it
+    importable."""
+    code = "\n".join([
+        "import os, sys, torch",
+        "before = dict(os.environ)",
+        "import codec_tosa",
+        "assert dict(os.environ) == before and 'torchvision' not in sys.modules",
+        "try:",
+        "    torch._C._dispatch_find_schema_or_throw('torchvision::nms', '')",
+        "    raise SystemExit('import codec_tosa defined torchvision::nms')",
+        "except RuntimeError:",
+        "    pass",
+        "from codec_tosa.tools.model_libs import repair_torchvision",
+        "repair_torchvision()",
+        "import torchvision",
+        "torchvision.models.resnet18()",
+        "print('ok')"])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
@@ -226,7 +244,7 @@ def test_the_reference_stage_keeps_to_its_time_budget(tmp_path, monkeypatch) -> 
     the minimum), keeps the ones it took exactly as an unbudgeted compile does, and
     report.json and validate say how many of how many."""
     from codec_tosa.tools.compiler import compile_module
-    from codec_tosa.tools.samples import MIN_SAMPLES
+    from codec_tosa.validation.samples import MIN_SAMPLES
 
     monkeypatch.setattr("codec_tosa.tools.compiler.reference_budget", lambda other_s: 0.0)
     budgeted = compile_module("small", _build(), CodecSpec("W"), tmp_path / "budget", progress=False)

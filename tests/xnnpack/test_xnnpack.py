@@ -187,7 +187,7 @@ def test_a_kernel_naming_an_argument_the_operator_lacks_is_refused() -> None:
 def test_xnnpack_specs_are_policy_i_and_not_for_codec_tosa_partitioner() -> None:
     from codec_tosa import CodecTosaPartitioner
 
-    with pytest.raises(ValueError, match="needs --policy I"):
+    with pytest.raises(ValueError, match="needs policy='I'"):
         CodecSpec(policy="W", target="xnnpack")
     with pytest.raises(ValueError, match="XnnpackPartitioner"):
         CodecTosaPartitioner(CodecSpec(policy="I", target="xnnpack"))
@@ -215,7 +215,7 @@ def test_cli_compiles_for_xnnpack_and_validate_holds_it_to_eager(tmp_path: Path,
     SQNR against eager and the exact check INCOMPLETE (exit 3), never PASS."""
     from codec_tosa.runtime.pte import inspect_pte
     from codec_tosa.tools.cli import main
-    from codec_tosa.tools.validate import Verdict, validate
+    from codec_tosa.validation.validate import Verdict, validate
 
     out = tmp_path / "out"
     assert main(["compile", f"{__file__}:_model", "--policy", "I", "--target", "xnnpack",

@@ -14,7 +14,7 @@ own: a control-flow submodule becomes its own TOSA block and cannot see its
 parent's tensors.
 
 The op overload is a parameter so this module does not import Arm's dialect;
-`codec_tosa.arm_pipeline` supplies it.
+`codec_tosa.arm.pipeline` supplies it.
 """
 
 from __future__ import annotations

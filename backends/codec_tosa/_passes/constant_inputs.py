@@ -8,8 +8,9 @@ and the tensor behind each existing constant are read once; new constants are
 placed as those helpers place them (before the first user input); and the
 graph signature is rebuilt once, in placeholder order, by `commit`.
 
-The signature is written as `ep._graph_signature`, as executorch's helpers and
-Arm's pass adapter write it: ExportedProgram has no public setter.
+ExportedProgram has no public setter for its signature (executorch's helpers and
+Arm's pass adapter write the private `_graph_signature`): its specs are replaced
+in place instead, in the lists of the signature the program holds.
 """
 
 from __future__ import annotations
@@ -18,13 +19,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
-from torch.export.graph_signature import (
-    ExportGraphSignature,
-    InputKind,
-    InputSpec,
-    OutputSpec,
-    TensorArgument,
-)
+from torch.export.graph_signature import InputKind, InputSpec, OutputSpec, TensorArgument
 
 
 class ConstantInputs:
@@ -107,6 +102,7 @@ class ConstantInputs:
                 self.last_placeholder = node.prev if node.prev.op == "placeholder" else None
             self.fx.erase_node(node)
         self._removed.clear()
-        inputs = [self._spec[n] for n in self.fx.nodes if n.op == "placeholder"]
         sig = self.ep.graph_signature
-        self.ep._graph_signature = ExportGraphSignature(inputs, outputs if outputs is not None else sig.output_specs)
+        sig.input_specs[:] = [self._spec[n] for n in self.fx.nodes if n.op == "placeholder"]
+        if outputs is not None:
+            sig.output_specs[:] = outputs

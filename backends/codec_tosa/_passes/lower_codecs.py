@@ -37,7 +37,7 @@ RESCALE saturate to [-128, 127] and there is no CLAMP in these sequences.
 Others are left to Arm and counted in `LowerCodecsResult.left_to_arm`.
 
 This module does not import Arm: the operator targets come in as `CodecOps`
-(built by `codec_tosa.arm_adapter`).
+(built by `codec_tosa.arm.adapter`).
 """
 
 from __future__ import annotations

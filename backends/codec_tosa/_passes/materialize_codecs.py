@@ -93,7 +93,7 @@ from codec_tosa.codecs.int8 import DEFAULT_CODEC, INT32_QMAX as _INT32_QMAX, INT
 from codec_tosa._passes.constant_inputs import ConstantInputs
 from codec_tosa._passes.pass_base import CodecPass
 from codec_tosa.graph import program_constants, CONSTANT, FxUse, PortGraph, replace_fx_use
-from codec_tosa.plan_meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
+from codec_tosa.placement.meta import PortCodec, OpFacts, read_port_codecs, read_op_facts
 
 _QD = exir_ops.edge.quantized_decomposed
 Q_TENSOR = _QD.quantize_per_tensor.default

@@ -8,7 +8,7 @@ in INT8 that is a REDUCE_SUM in int32 between RESCALEs and an int32 MUL,
 where TOSA's INT8 ``AVG_POOL2D`` takes the average in one operator at the
 input's scale (the `_averaging` row of the commutation table). On
 ShuffleNetV2 the sum and product cost Vela 6% of the cycles on U55-128 and
-25% on U85-256 (benchmarks/RESULTS.md).
+25% on U85-256 (docs/results/ethos_u.md).
 
 ``adaptive_avg_pool2d(x, (oh, ow))`` with H, W divisible by oh, ow is the
 same avg_pool2d with kernel and stride (H/oh, W/ow); it is rewritten too,

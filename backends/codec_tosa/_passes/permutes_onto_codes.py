@@ -15,7 +15,7 @@ so that layout operators stay on the INT8 side of a codec (docs/DESIGN.md,
 reader, so no other reader sees a different layout.
 
 The permute target is a parameter so this module does not import Arm's
-dialect; `codec_tosa.arm_pipeline` supplies it.
+dialect; `codec_tosa.arm.pipeline` supplies it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rewrites of the graph a PT2E quantizer annotates into operators XNNPACK runs on codes.
 
-`CodecQuantizer` at `target="xnnpack"` applies them in `transform_for_annotation`
+`CodecQuantizer` for XNNPACK applies them in `transform_for_annotation`
 (docs/DESIGN.md, "XNNPACK"), before XNNPACK's own scalar-to-attribute
 transform. Each replaces operators by ones that compute the same values:
 

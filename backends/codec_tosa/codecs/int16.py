@@ -22,7 +22,7 @@ QMIN16, QMAX16 = -32767, 32767
 # inputs beyond the calibration data, at a step still 64x finer than INT8's. With the
 # observed range alone, the digit models' noisy test images saturate (digits ResNet-8:
 # 29.9 dB against FP32, stock a16w8 38.6; with 4x 38.6), where INT8's step is what
-# limits it (benchmarks/RESULTS.md, "Precision per domain").
+# limits it (docs/results/precision.md, "Precision per domain").
 HEADROOM = 4.0
 
 

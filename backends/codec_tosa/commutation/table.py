@@ -51,7 +51,7 @@ serve (docs/DESIGN.md, "Operator facts"):
 * `int8_kernels`: the integer back ends other than Arm's (whose own
   quantizer says which operators its INT flow takes) that run this operator
   on codes with the row's encoded ports, each a `Kernel`: ``xnnpack`` for
-  XNNPACK's static INT8 kernels (`CodecSpec(target="xnnpack")`). A kernel
+  XNNPACK's static INT8 kernels (`CodecQuantizer` for XNNPACK). A kernel
   names the activations it folds into its output when nothing is quantized
   between them (`fuses`) and the arguments it takes only at some values
   (`requires`); an operator without a kernel for the target stays FP32 there.
@@ -301,7 +301,7 @@ _EDGE_COPY = {
 
 # XNNPACK's static INT8 kernels (executorch 1.5.1: the configs in
 # backends/xnnpack/partition/config whose supported_precision_types list
-# STATIC_QUANT, and their check_constraints; benchmarks/XNNPACK_NOTES.md), by
+# STATIC_QUANT, and their check_constraints; docs/XNNPACK_NOTES.md), by
 # the operator spellings of the graph a PT2E quantizer annotates. XNNPACK runs
 # everything else FP32 (softmax, sigmoid, tanh, gelu, hardswish, avg-pool, bmm,
 # clone, pad on its own, ...) or not at all (split, select, expand, layer norm,

@@ -54,7 +54,7 @@ def build_domains(graph: PortGraph, sem: Semantics, placement: str,
                   cuts: Collection[int] = ()) -> DomainSets:
     """`cuts`: in-ports of single-input blocks that get a domain of their own, written by
     a transcode from the domain of the value they read, instead of joining it (where the
-    precision search lets a chain of convolutions change width: `codec_tosa.precision`)."""
+    precision search lets a chain of convolutions change width: `codec_tosa.quantizer.precision`)."""
     check_placement(placement)
     P, V = graph.num_in_ports, graph.num_values
     uf = UnionFind(P + 2 * V)

@@ -27,7 +27,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 import torch
 
-from codec_tosa.backend import BACKEND_ID
+from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime import native
 from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, TensorSpec, delegates, inspect_pte
 from codec_tosa.serialization.tosa_stats import TensorInfo, entry_io_tensors

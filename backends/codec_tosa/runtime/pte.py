@@ -10,13 +10,18 @@ program with some delegates swapped for stand-ins the runtime here can run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codec_tosa.backend import BACKEND_ID
-from codec_tosa.provenance import foreign_specs, read_provenance
+from executorch.exir import schema
+from executorch.exir._serialize import _deserialize_pte_binary, _program
+from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+from codec_tosa.planning.provenance import foreign_specs, read_provenance
+from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.serialization.pooled import PoolingStats
 from codec_tosa.serialization.pooling_record import record_key
 
@@ -82,7 +87,6 @@ def _program_header(data: bytes) -> Any:
     """The program flatbuffer (not its segments)."""
     # Private but stable within the pinned executorch; the same parser
     # _extract_delegate_payload uses.
-    from executorch.exir._serialize import _program
 
     try:
         header = _program._get_extended_header(data)
@@ -94,8 +98,6 @@ def _program_header(data: bytes) -> Any:
 
 def inspect_pte(data: bytes) -> PteInfo:
     """Parse the program's flatbuffer header (not its segments)."""
-    from executorch.exir import schema
-
     program = _program_header(data)
     operators = tuple(op.name for plan in program.execution_plan for op in plan.operators)
     delegates = tuple(d.id for plan in program.execution_plan for d in plan.delegates)
@@ -120,8 +122,6 @@ def inspect_pte(data: bytes) -> PteInfo:
 def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Counter[str]]:
     """What `method` runs: delegate calls by backend id, and CPU kernel calls by
     operator (``name.overload`` where the program names an overload)."""
-    from executorch.exir import schema
-
     program = _program_header(data)
     plan = next(p for p in program.execution_plan if p.name == method)
     delegates: Counter[str] = Counter()
@@ -138,8 +138,6 @@ def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Cou
 
 
 def _tensor_spec(val: Any) -> TensorSpec | None:
-    from executorch.exir import schema
-
     if not isinstance(val, schema.Tensor):
         return None
     name = getattr(val.scalar_type, "name", str(val.scalar_type))
@@ -160,7 +158,6 @@ def read_pte(path: str | Path) -> bytes:
         raise PteError(f"{p}: {e}") from None
     # inspect_pte reads the program header only; a truncated file still has one
     # but loses segments (and delegate payloads would come back silently short)
-    from executorch.exir._serialize._program import deserialize_pte_binary
 
     try:
         deserialize_pte_binary(data)
@@ -194,8 +191,6 @@ class Delegate:
 
 def delegates(data: bytes, path: str | Path = "<bytes>") -> list[Delegate]:
     """Every delegate of every method, in order, with its payload and compile specs."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
     try:
         program = deserialize_pte_binary(data)
     except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
@@ -211,10 +206,6 @@ def with_delegates_replaced(data: bytes, replacements: dict[int, tuple[str, byte
                             path: str | Path = "<bytes>") -> bytes:
     """The same program with delegate i of its first method given backend id and
     payload `replacements[i]` (compile specs, wiring and CPU operators unchanged)."""
-    import dataclasses
-
-    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
-
     try:
         pte_file = deserialize_pte_binary(data)
     except Exception as e:  # noqa: BLE001 (the parser raises many kinds)
@@ -237,9 +228,7 @@ def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, 
 
 def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
     """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
-    from executorch.exir._serialize import _deserialize_pte_binary as deserialize_pte_binary
-
-    named = deserialize_pte_binary(pte_bytes).named_data
+    named = _deserialize_pte_binary(pte_bytes).named_data
     if named is None:
         return None
     entry = named.pte_data.get(record_key(payload))

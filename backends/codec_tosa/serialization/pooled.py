@@ -19,7 +19,7 @@ What is pooled, and what is not:
   refers to them by their FX names, and packed FP4 constants are patched in
   place right after being added. Whoever adds them says so, either by calling
   `addUnpooledConst` or by adding them inside `graph_owned_constants()`; the
-  adapter (`codec_tosa.arm_adapter`) does the latter around Arm's call sites.
+  adapter (`codec_tosa.arm.adapter`) does the latter around Arm's call sites.
   No call-stack inspection.
 * Some Arm call sites ignore `addConst`'s return value and use the name they
   asked for. A pooled request therefore records ``asked name -> pooled name``

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from codec_tosa.commutation.policy import DEFAULT_ORDER
+from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.placement.domains import PLACEMENTS
+from codec_tosa.planning.analysis import analyze, port_graph
+from codec_tosa.quiet import quiet
+from codec_tosa.spec import CodecSpec
 from codec_tosa.units import MIB
 
 DEFAULT_MODEL = "tiny_shufflenet"
-DEFAULT_SAMPLES = 16  # as codec_tosa.tools.samples (not imported here: it loads torch)
+# each command imports what it runs where it starts (compile and validate load
+# executorch's Arm backend and runtime): `analyze`, `--help` and an error stay quick
+DEFAULT_SAMPLES = 16  # as codec_tosa.validation.samples (not imported here: it loads executorch)
 
 
 def _decibels(text: str) -> float:
@@ -57,8 +68,6 @@ def _fmt(c: object) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from codec_tosa.analysis import analyze, port_graph
-    from codec_tosa.commutation.table import CommutationTable
     from codec_tosa.tools.loading import load_and_export
 
     table = CommutationTable.from_json(args.table) if args.table else CommutationTable.default()
@@ -83,8 +92,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                      [(r.node, r.target, r.bytes_read / MIB, r.bytes_written / MIB)
                       for r in a.top_ops(args.top or 10)]))
     if args.json:
-        import json
-
         payload = [json.loads(a.to_json()) for a in results]
         _write_atomic(Path(args.json), json.dumps({"model": args.model, "analyses": payload}, indent=1))
         print(f"wrote {args.json}")
@@ -99,9 +106,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _spec(args: argparse.Namespace):
-    from codec_tosa.commutation.table import CommutationTable
-    from codec_tosa.spec import CodecSpec
-
     table = CommutationTable.from_json(args.table) if args.table else None
     return CodecSpec(policy=args.policy, placement=args.placement, tosa=args.tosa,
                      fused_transcode=args.fused_transcode, pool_constants=False if args.no_pool else None,
@@ -130,10 +134,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import torch
-
     from codec_tosa.tools.input_files import load_input_tuples
-    from codec_tosa.tools.validate import validate
+    from codec_tosa.validation.validate import validate
 
     cases = module = None
     example: Any = None
@@ -164,8 +166,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import tempfile
-
     print(f"== codec-tosa analyze {DEFAULT_MODEL} (every policy and placement)")
     ns = argparse.Namespace(model=DEFAULT_MODEL, policy=None, placement=None, fused_transcode=False,
                             json=None, table=None, top=10, fold_bn=True)
@@ -298,16 +298,12 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from codec_tosa.tools.quiet import quiet
-
     args = build_parser().parse_args(argv)
     try:
         with quiet(verbose=args.verbose):  # errors are printed below, after it
             return int(args.func(args) or 0)
     except Exception as e:  # every error is one line; --verbose shows its traceback too
         if args.verbose:
-            import traceback
-
             traceback.print_exception(e, file=sys.stderr)
         print(f"codec-tosa {args.command}: error: {error_line(e, _STAGE.get(args.command))}", file=sys.stderr)
         return 2
@@ -322,8 +318,6 @@ _INTENDED = (CliError, ValueError, RuntimeError, OSError)
 
 def _origin(e: BaseException) -> Path:
     """The file the exception was raised in."""
-    import traceback
-
     frames = traceback.extract_tb(e.__traceback__)
     return Path(frames[-1].filename).resolve() if frames else _PACKAGE
 
@@ -351,7 +345,7 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
     if kind == "refused":
-        return first
+        return as_flags(first)
     if kind == "internal":
         return (f"internal error ({type(e).__name__}: {first}); please report it with the traceback "
                 "--verbose shows")
@@ -360,6 +354,24 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
     where = f" during {stage}" if stage else ""
     source = _model_source(text)
     return f"{_LIBRARIES.get(library, library)} failed{where}: {type(e).__name__}: {first}{source}"
+
+
+# CodecSpec's arguments that are flags here: an error names them as Python does
+_FLAGGED = ("policy", "placement", "tosa", "target", "observer", "precision", "weights", "budget",
+            "weight_rounding", "split_chains", "fused_transcode", "symmetric_activations")
+_ARGUMENT = re.compile(rf"`({'|'.join(_FLAGGED)})`|\b({'|'.join(_FLAGGED)})=('([^']*)'|True|[-\d.]+)")
+
+
+def as_flags(message: str) -> str:
+    """A spec error as this CLI's flags say it: ``policy='I'`` -> ``--policy I``,
+    ``split_chains=True`` -> ``--split-chains``, `` `budget` `` -> ``--budget``."""
+    def flag(m: re.Match[str]) -> str:
+        name = m[1] or m[2]
+        option = "--" + name.replace("_", "-")
+        if m[1] or m[3] == "True":
+            return option
+        return f"{option} {m[4] if m[4] is not None else m[3]}"
+    return _ARGUMENT.sub(flag, message)
 
 
 # torch.fx's "While executing %node" errors quote the stack the node was traced

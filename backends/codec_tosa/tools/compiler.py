@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import shutil
@@ -12,24 +11,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
 import torch
+from executorch.exir import to_edge_transform_and_lower
 from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 from tqdm import tqdm
 
 from codec_tosa import progress as lowering_progress  # compile_model has a `progress` flag
-from codec_tosa.backend import BACKEND_ID
-from codec_tosa.calibration import random_calibration
-from codec_tosa.planning import PlannedProgram
-from codec_tosa.spec import CodecSpec
-from codec_tosa.tools.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.graph import target_key
+from codec_tosa.planning.calibration import random_calibration
+from codec_tosa.planning.program import PlannedProgram
+from codec_tosa.quantizer.codec_quantizer import CodecQuantizer, decomposed_for
+from codec_tosa.quantizer.precision import BITS4, BITS16
+from codec_tosa.runtime.pte import inspect_pte
+from codec_tosa.spec import INT8, NEAREST, CodecSpec
+from codec_tosa.targets import target_of
+from codec_tosa.targets.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
+from codec_tosa.targets.base import Target
+from codec_tosa.targets.ethosu.target import VelaError
+from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_operator_counts, vela_report
+from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
 from codec_tosa.tools.input_files import load_input_tuples
 from codec_tosa.tools.loading import export_module, load_and_export
 from codec_tosa.tools.report import program_delegates
-from codec_tosa.tools.artefact_rounding import askable
-from codec_tosa.tools.reference_io import Reference, ReferenceIO, reference_outputs
-from codec_tosa.tools.samples import (DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs,
-                                      reference_budget)
 from codec_tosa.units import MIB
+from codec_tosa.validation.artefact_rounding import askable
+from codec_tosa.validation.reference_io import Reference, ReferenceIO, reference_outputs
+from codec_tosa.validation.samples import (DEFAULT_SAMPLES, SEARCH_SAMPLES, SEARCH_SEED, held_out_inputs,
+                                           reference_budget)
 
 # the bar's steps; a lowering reports its delegates as "TOSA lowering: delegate k"
 STAGES = ("export", lowering_progress.PLACEMENT, "TOSA lowering", lowering_progress.SERIALISATION, "reference outputs")
@@ -50,6 +61,7 @@ class CompileResult:
 
 @dataclass
 class Lowered:
+    target: Target  # what the program was lowered for
     pte: bytes
     planned: PlannedProgram | None  # None when nothing was planned (no partition)
     lowering_s: float
@@ -65,64 +77,39 @@ def lower_program(program: ExportedProgram, spec: CodecSpec,
     """The README's Python recipe for `spec`, then `.to_executorch()`.
 
     A mixed policy: `to_edge_transform_and_lower` with a CodecTosaPartitioner
-    (target "vgf": the delegate is Arm's VgfBackend, and each delegate's VGF
+    (for VGF the delegate is Arm's VgfBackend, and each delegate's VGF
     and TOSA are kept). An integer-only spec (policy I, an Ethos-U target):
     Arm's PT2E flow with CodecQuantizer, then CodecTosaPartitioner (which tags
     with Arm's INT partitioner for the target). `on_stage` is called with each
     stage as it starts: placement + calibration, the TOSA lowering of each
     delegate, serialisation (`codec_tosa.progress`)."""
+    target = target_of(spec.target)
     with lowering_progress.reporting(on_stage):
         if spec.integer_only:
-            return _lower_quantized(program, spec, calibration)
-        return _lower_planned(program, spec, calibration)
+            return _lower_quantized(program, spec, target, calibration)
+        return _lower_planned(program, spec, target, calibration)
 
 
-def _lower_planned(program: ExportedProgram, spec: CodecSpec,
+def _lower_planned(program: ExportedProgram, spec: CodecSpec, target: Target,
                    calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
-    from executorch.exir import to_edge_transform_and_lower
 
-    from codec_tosa.partitioner import CodecTosaPartitioner
 
     part = CodecTosaPartitioner(spec, calibration=calibration)
     t = time.perf_counter()
     try:
         edge = to_edge_transform_and_lower(program, partitioner=[part])
-    except RuntimeError as e:  # Arm's vgf_compile: "Vgf compiler failed.\n...Stderr:\n..."
-        if spec.target == "vgf" and str(e).startswith("Vgf compiler failed"):
-            from codec_tosa.vgf.convert import conversion_error
-
-            raise conversion_error("VgfBackend delegate", str(e).split("Stderr:", 1)[-1], 1) from None
+    except RuntimeError as e:
+        said = target.lowering_error(e)  # the target's own tool's failure, in one line
+        if said is not None:
+            raise said from None
         raise
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     require_delegate(pte, spec, "CodecTosaPartitioner")
-    files, report = (_vgf_files(pte) if spec.target == "vgf" else ({}, {}))
-    return Lowered(pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
-
-
-def _vgf_files(pte: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """model.vgf and model.tosa of each VgfBackend delegate, and report.json's account of them."""
-    from codec_tosa import arm_adapter
-    from codec_tosa.runtime.pte import delegates
-    from codec_tosa.serialization.tosa_stats import tosa_stats
-
-    files: dict[str, bytes] = {}
-    report = []
-    vgfs = [d.payload for d in delegates(pte) if d.backend_id == arm_adapter.VGF_BACKEND_ID]
-    for i, vgf in enumerate(vgfs):
-        tosa = arm_adapter.tosa_of_payload(vgf)
-        if tosa is None:
-            raise RuntimeError(f"VgfBackend delegate {i}: the TOSA it was converted from was not journaled")
-        files[delegate_file(i, "vgf")], files[delegate_file(i, "tosa")] = vgf, tosa
-        report.append({"delegate": i, "tosa_bytes": len(tosa), "vgf_bytes": len(vgf),
-                       "tosa": tosa_stats(tosa).to_dict()})
-    return files, {"vgf": report}
-
-
-class VelaError(RuntimeError):
-    """Vela is missing or refused the TOSA it was given (one line, Vela's message quoted)."""
+    files, report = target.files(pte)
+    return Lowered(target, pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
 
 
 class NothingDelegated(ValueError):
@@ -156,32 +143,20 @@ def check_boundary_dtypes(program: ExportedProgram) -> None:
 def require_delegate(pte: bytes, spec: CodecSpec, who: str) -> Any:
     """The program's `PteInfo`; refuses a program without a delegate, in one line
     naming what stays on the CPU."""
-    from codec_tosa.runtime.pte import inspect_pte
-
     info = inspect_pte(pte)
     if info.delegate_ids:
         return info
     left = ", ".join(sorted(set(info.operators))) or "none"
-    other = "a mixed policy such as --policy W" if spec.policy == "I" else "another policy or target"
+    other = "a mixed policy such as policy='W'" if spec.policy == "I" else "another policy or target"
     raise NothingDelegated(f"policy {spec.policy}: {who} delegated nothing of this model (operators on "
                            f"the CPU: {left}); no artefact written; try {other}")
 
 
-def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
+def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
                      calibration: Sequence[Sequence[torch.Tensor]] | None) -> Lowered:
     """Arm's PT2E flow with CodecQuantizer (docs/DESIGN.md, "Integer targets")."""
-    import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from codec_tosa import arm_adapter
-    from codec_tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
-    from codec_tosa.quantizer import CodecQuantizer, decomposed_for
-    from codec_tosa.spec import INT8, NEAREST, XNNPACK_TARGET
-
-    if spec.ethos_u:
-        arm_adapter.ethos_u_compile_spec(spec.target)  # an unknown target fails before any work
-        if not arm_adapter.vela_available():
-            raise VelaError(f"--target {spec.target} needs Vela: pip install ethos-u-vela==5.2.0")
+    target.check_ready()
     if not calibration:
         raise ValueError("calibration: no input tuples given")
     t = time.perf_counter()
@@ -196,19 +171,8 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
     quantized = torch.export.export(convert_pt2e(prepared), example)
-    converting = contextlib.nullcontext()
-    if spec.target == XNNPACK_TARGET:  # XNNPACK's own recipe: its stock partitioner
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        part: Any = XnnpackPartitioner()
-    elif spec.target == "vgf":  # Arm's integer VGF flow: its stock partitioner and converter
-        from codec_tosa.vgf.tools import model_converter
-
-        part = arm_adapter.vgf_partitioner()
-        converting = arm_adapter.vgf_conversions_kept(str(model_converter()))
-    else:
-        part = CodecTosaPartitioner(spec)
-    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir, converting:
+    part = target.integer_partitioner(spec)
+    with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir, target.lowering():
         with arm_adapter.vela_runs_kept(vela_dir) as runs:
             try:
                 # decomposed once: kept as the plan's materialised program, then lowered
@@ -220,7 +184,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
                 raise NothingDelegated(
                     f"policy {spec.policy}: CodecQuantizer quantized nothing of this model (operators: "
                     f"{', '.join(_compute_operators(materialized))}); no artefact written; try a mixed "
-                    "policy such as --policy W") from None
+                    "policy such as policy='W'") from None
             except (SystemExit, Exception) as e:  # Vela reports some refusals by exiting
                 if runs or isinstance(e, SystemExit):  # the failure is Vela's
                     said = _vela_error_line(runs[-1].log if runs else "") or f"{type(e).__name__}: {e}"
@@ -232,31 +196,26 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec,
     lowering_progress.stage(lowering_progress.SERIALISATION)
     pte = bytes(edge.to_executorch().buffer)
     serialisation = time.perf_counter() - t
-    info = require_delegate(pte, spec, "XnnpackPartitioner" if spec.target == XNNPACK_TARGET
-                            else "Arm's INT partitioner")
+    info = require_delegate(pte, spec, target.partitioner_name)
     t = time.perf_counter()
     planned = quantizer.planned(quantized, part, materialized)
     lowering += time.perf_counter() - t  # the plan's record is part of planning it
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
-    report: dict[str, Any] = {}
-    if spec.target == "vgf":
-        files, report = _vgf_files(pte)
+    target_files, report = target.files(pte)
+    files.update(target_files)
     if spec.mixed_precision or spec.weights != INT8 or spec.weight_rounding != NEAREST:
         report["precision"] = precision_report(quantizer)
     if runs:
-        from codec_tosa.vela_summary import vela_report
 
         report["vela"] = vela_report(runs, info.operators)
-    return Lowered(pte, planned, lowering, serialisation, files, report)
+    return Lowered(target, pte, planned, lowering, serialisation, files, report)
 
 
 def precision_report(quantizer: Any) -> dict[str, Any]:
     """report.json's ``precision``: each domain's and weight's width and why, and the
     search's figures."""
-    from codec_tosa.precision import BITS4, BITS16
-
-    a = quantizer._require()
+    a = quantizer.annotation
     plan = a.placement.plan
     domains = [{**p.to_json(), "dominator": " + ".join(plan.domains[p.domain].dominators)}
                for p in quantizer.precisions]
@@ -274,7 +233,6 @@ def precision_report(quantizer: Any) -> dict[str, Any]:
 
 
 def _compute_operators(program: ExportedProgram) -> list[str]:
-    from codec_tosa.graph import target_key
 
     return sorted({target_key(n.target) for n in program.graph.nodes
                    if n.op == "call_function" and target_key(n.target) != "getitem"})
@@ -283,8 +241,6 @@ def _compute_operators(program: ExportedProgram) -> list[str]:
 def _kept_run(run: Any) -> dict[str, Any]:
     """What compile keeps of one Vela run before its directory goes: the TOSA and
     Vela's summary (vela_summary)."""
-    from codec_tosa.vela_summary import read_vela_summary, vela_operator_counts
-
     return {"tosa": run.tosa, "summary": read_vela_summary(run.directory),
             "operators": vela_operator_counts(run.log), "compile_flags": run.flags}
 
@@ -374,27 +330,27 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         # XNNPACK requantizes in its own fixed point: the plan's simulation is not its
         # oracle, so its artefact is held to eager by SQNR (docs/DESIGN.md, "XNNPACK")
         ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
-                                program.graph_signature, simulated=samples != 0 and spec.target != "xnnpack",
-                                budget_s=budget, artefact=askable(pte, spec.target))
+                                program.graph_signature, simulated=samples != 0 and lowered.target.simulated,
+                                budget_s=budget, artefact=askable(pte, lowered.target))
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()
     finally:
         bar.close()
 
-    report = build_report(model, spec, pte, planned, times, lowered.report, ref)
+    report = build_report(model, spec, lowered.target, pte, planned, times, lowered.report, ref)
     write_artefacts(out, pte, ref.io, report, lowered.files)
     return CompileResult(out, report, tuple(lowered.files), ref.warnings, planned)
 
 
-def build_report(model: str, spec: CodecSpec, pte: bytes, planned: PlannedProgram | None,
+def build_report(model: str, spec: CodecSpec, target: Target, pte: bytes, planned: PlannedProgram | None,
                  times: dict[str, float], target_report: dict[str, Any], ref: Reference) -> dict[str, Any]:
     """report.json: the spec, the delegates as serialised, the modeled traffic."""
     report: dict[str, Any] = {
         "model": model,
         "spec": spec.to_json(),
         "target": spec.target,
-        "backend_id": backend_id(spec),
+        "backend_id": target.backend_id,
         "pte_bytes": len(pte),
         "times": times,
     }
@@ -435,18 +391,3 @@ def write_artefacts(out_dir: str | Path, pte: bytes, reference: ReferenceIO, rep
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-
-
-def backend_id(spec: CodecSpec) -> str:
-    """The id of the delegates `spec` makes."""
-    from codec_tosa import arm_adapter
-
-    if spec.target == "vgf":
-        return arm_adapter.VGF_BACKEND_ID
-    if spec.target == "xnnpack":
-        from codec_tosa.int8_targets import XNNPACK_BACKEND_ID
-
-        return XNNPACK_BACKEND_ID
-    return arm_adapter.ETHOS_U_BACKEND_ID if spec.ethos_u else BACKEND_ID

@@ -17,12 +17,12 @@ from typing import Any, Callable, Sequence
 
 from tosa.TosaGraph import TosaGraph
 
-from codec_tosa.arm_adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
-from codec_tosa.backend import BACKEND_ID
+from codec_tosa.arm.adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
+from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.commutation.policy import INTEGER_POLICY
 from codec_tosa.runtime.pte import Delegate, delegates, inspect_pte, read_pooling_stats, read_pte
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
-from codec_tosa.tools.vela_figures import MISSING, delegate_tosa, ethos_u_delegates, vela_figures
+from codec_tosa.targets.ethosu.vela_figures import MISSING, delegate_tosa, ethos_u_delegates, vela_figures
 from codec_tosa.units import MIB
 
 Table = Callable[[Sequence[object], Sequence[Sequence[object]]], str]

@@ -16,10 +16,17 @@ from typing import Any, Sequence
 
 import torch
 
-from codec_tosa.runtime.pte import delegates
-from codec_tosa.tools.artefacts import delegate_file
-from codec_tosa.tools.vela_figures import vela_figures
-from codec_tosa.tools.samples import DEFAULT_SAMPLES, inputs_for_specs
+from codec_tosa.arm import adapter as arm_adapter
+from codec_tosa.quantizer.codec_quantizer import CodecQuantizer
+from codec_tosa.runtime.pte import delegates, inspect_pte
+from codec_tosa.targets import target_in, target_of
+from codec_tosa.targets.artefacts import delegate_file
+from codec_tosa.targets.ethosu.vela_figures import vela_figures
+from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner
+from codec_tosa.tools.compiler import build_report, write_artefacts
+from codec_tosa.validation.artefact_rounding import askable
+from codec_tosa.validation.reference_io import reference_outputs
+from codec_tosa.validation.samples import DEFAULT_SAMPLES, inputs_for_specs
 
 
 def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_SAMPLES,
@@ -38,14 +45,6 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     delegate, with its Vela flags), as `codec-tosa compile` writes them. Returns the
     .pte's path.
     """
-    from codec_tosa import arm_adapter
-    from codec_tosa.partitioner import CodecTosaPartitioner
-    from codec_tosa.quantizer import CodecQuantizer
-    from codec_tosa.runtime.pte import inspect_pte
-    from codec_tosa.tools.compiler import build_report, write_artefacts
-    from codec_tosa.tools.artefact_rounding import askable
-    from codec_tosa.tools.reference_io import reference_outputs
-
     pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
     info = inspect_pte(pte)
     if inputs:
@@ -55,12 +54,14 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
         cases = [_nested(c, in_spec) for c in inputs_for_specs(info.input_specs, 1 + samples)]
     if isinstance(source, CodecQuantizer):
         spec = source.spec
+        target = target_of(spec.target)
         quantized = torch.export.export(source.converted(), cases[0])
         # the partitioner the integer program is lowered with decomposes it
-        partitioner = arm_adapter.vgf_partitioner() if spec.target == "vgf" else CodecTosaPartitioner(spec)
+        partitioner = target.integer_partitioner(spec)
         planned = source.planned(quantized, partitioner)
     elif isinstance(source, CodecTosaPartitioner):
         spec, planned = source.codec_spec, source.planned
+        target = target_of(spec.target)
         if planned is None:
             raise ValueError("codec_tosa.save: the partitioner planned nothing yet; lower the program "
                              "with it (to_edge_transform_and_lower) first")
@@ -71,7 +72,7 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     signature = planned.program.graph_signature
     fp32 = model.eval() if model is not None else planned.program.module()
     ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature,
-                            artefact=askable(pte, spec.target))
+                            artefact=askable(pte, target))
     if model is None:
         for s in ref.io.sets:
             s.planned = None  # the reference is that graph itself: nothing independent to hold it to
@@ -81,15 +82,13 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
                         sorted(set(info.operators)))
     if vela is not None:  # Vela re-run on the TOSA it compiled, with the delegate's own flags
         target_report["vela"] = vela
-    report = build_report("python", spec, pte, planned, {}, target_report, ref)
+    report = build_report("python", spec, target, pte, planned, {}, target_report, ref)
     write_artefacts(path, pte, ref.io, report, dict(tosa.values()))
     return Path(path) / "model.pte"
 
 
 def _in_spec(source: Any) -> Any:
     """The pytree spec of the model's (args, kwargs), as torch.export recorded it, or None."""
-    from codec_tosa.quantizer import CodecQuantizer
-
     if isinstance(source, CodecQuantizer):
         return getattr(source.fp32_module(), "_in_spec", None)
     planned = getattr(source, "planned", None)
@@ -108,11 +107,8 @@ def _nested(flat: Sequence[torch.Tensor], in_spec: Any) -> tuple[Any, ...]:
 def _delegate_tosa(pte: bytes) -> dict[int, tuple[str, bytes]]:
     """model.tosa (model_1.tosa, ...) for each VgfBackend or EthosUBackend delegate, by
     delegate index: the TOSA this process compiled it from (`arm_adapter.tosa_of_payload`)."""
-    from codec_tosa import arm_adapter
-
     files: dict[int, tuple[str, bytes]] = {}
-    compiled = [d for d in delegates(pte)
-                if d.backend_id in (arm_adapter.VGF_BACKEND_ID, arm_adapter.ETHOS_U_BACKEND_ID)]
+    compiled = [d for d in delegates(pte) if (t := target_in([d.backend_id])) is not None and t.tosa_beside]
     for k, d in enumerate(compiled):
         tosa = arm_adapter.tosa_of_payload(d.payload)
         if tosa is None:

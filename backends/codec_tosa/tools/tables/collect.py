@@ -11,8 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+from tqdm import tqdm
 
 from codec_tosa.placement.domains import COALESCE
+from codec_tosa.planning.accounting import ACCOUNTINGS, account
+from codec_tosa.planning.analysis import analyze as _analyze
+from codec_tosa.planning.analysis import port_graph
+from codec_tosa.planning.analysis import prepare_program
 from codec_tosa.tools.tables.published import PAPER_PLACEMENTS, PAPER_POLICIES, PUBLISHED_STORAGE
 from codec_tosa.units import MIB
 
@@ -115,8 +120,6 @@ class ModelTables:
 
 def export_for_analysis(model: torch.nn.Module, inputs: tuple) -> tuple[Any, dict[str, int]]:
     """Export and prepare for analysis (core ATen, BN folded, RMSNorm/RoPE fused)."""
-    from codec_tosa.analysis import prepare_program
-
     with torch.no_grad():
         ep = torch.export.export(model, inputs)
     return prepare_program(ep)
@@ -124,8 +127,6 @@ def export_for_analysis(model: torch.nn.Module, inputs: tuple) -> tuple[Any, dic
 
 def port_graph_of(ep: torch.export.ExportedProgram) -> Any:
     """The port graph of a program `export_for_analysis` prepared."""
-    from codec_tosa.analysis import port_graph
-
     return port_graph(ep, prepared=True)
 
 
@@ -133,9 +134,6 @@ def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
                   top: int = 10, accounting: str = "ours") -> ModelTables:
     """Analyse one port graph at every policy and placement, under `accounting`
     (accounting.py: `ours` is the backend's traffic model, `paper` the reproduction)."""
-    from codec_tosa import analyze as _analyze
-    from codec_tosa.accounting import ACCOUNTINGS, account
-
     rules = ACCOUNTINGS[accounting]
 
     def analyze(*args: Any, **kwargs: Any) -> Any:
@@ -164,8 +162,6 @@ def analyse_model(spec: str, graph: Any, parameters: int, fused: dict[str, int],
 def collect(specs: Sequence[str], top: int = 10, progress: bool = True,
             accounting: str = "ours") -> list[ModelTables]:
     """Build, export and analyse each model once, with a progress bar over the steps."""
-    from tqdm import tqdm
-
     from codec_tosa_examples.models import load_model, resolve_builder
 
     for spec in specs:  # fail on a bad spec before building anything

@@ -58,7 +58,7 @@ def add_tables_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--accounting", choices=("paper", "ours"), default="paper",
                    help="paper: the reproduction of the published tables (views as metadata, in-place "
                         "operators fused); ours: every operator moves what it reads and writes, the "
-                        "backend's traffic model (default: paper; see benchmarks/REPRODUCTION.md)")
+                        "backend's traffic model (default: paper; see docs/results/paper_tables.md)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_tables)

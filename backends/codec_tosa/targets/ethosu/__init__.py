@@ -1,0 +1,1 @@
+"""Ethos-U: Arm's EthosUBackend (Vela), its figures and its cost for the precision search."""

@@ -1,0 +1,1 @@
+"""TOSA: codec_tosa's own delegate, `CodecTosaPartitioner` and `CodecTosaBackend`."""

@@ -1,0 +1,187 @@
+"""Which way the artefact rounded each ambiguous code (docs/DESIGN.md, "Validation").
+
+An encode of an FP32 value Arm computes in its own order (an exp, an erf, a
+reduce_sum) is ambiguous where that value lies within its rounding bound of a
+code boundary: a correct artefact may round it either way. With a few such
+codes per input set, `simulation.simulate_envelope` flips each alone. A
+transformer at policy W has thousands (DeiT-tiny: about 3,500 per set), too many
+to flip one at a time, and flipping all together gives only a lower bound.
+
+There the artefact is asked instead. Every encode's rounding (the CAST f32 ->
+int8/int16 of our codec lowering, `_passes.lower_codecs`) is made an output of
+a copy of each delegate's TOSA graph; the copy runs on the TOSA reference model
+on the inputs the ExecuTorch runtime recorded for that call; and the
+simulation runs once more, taking the artefact's code at each *ambiguous*
+element (`IntegerSimulator(resolve=...)`), in graph order, so that what a code
+rounded the other way changes downstream is simulated too. Every other code
+stays the simulation's own: a wrong scale, a wrong zero point or a wrong
+operator still shows at the outputs, and validate still holds the runtime to
+this simulation at 0 steps. An ambiguous encode that matches no exposed
+rounding (an encode Arm lowers itself, a layout not recognised) is counted as
+unresolved and the input set keeps its incomplete envelope.
+
+Only a TOSA delegate is asked: it is what the runtime runs (the C++ backend
+runs the same reference model). A VGF runs on another implementation, which
+may round an ambiguous code the other way, so it keeps the envelope.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import tosa_serializer as ts
+
+from codec_tosa.quiet import quiet
+from codec_tosa.runtime.executorch_runner import PteRunError, run_pte_recorded
+from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
+from codec_tosa.targets.base import Target
+from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
+from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
+
+# the CASTs that round: FP32 in, codes out
+_ROUNDING_IN = ("FP32",)
+_ROUNDING_OUT = ("INT8", "INT16")
+
+
+@dataclass(frozen=True)
+class _Rounding:
+    """One rounding CAST's output in one delegate call, as the reference model computed it."""
+
+    name: str
+    values: np.ndarray  # round(x / s), saturated to its dtype: the code minus the zero point
+
+
+def askable(pte: bytes, target: Target) -> bytes | None:
+    """`pte`, when its target's artefact can decide ambiguous codes (a TOSA delegate,
+    which the runtime runs on the reference model: module docstring); else None."""
+    return pte if target.decides_rounding else None
+
+
+def rounding_names(payload: bytes) -> list[str]:
+    """The outputs of the CASTs in a TOSA graph's main block that round FP32
+    values to codes (a control-flow branch's block cannot output to it)."""
+    tensors, operators = next(iter(blocks(payload)))
+    return [op.outputs[0] for op in operators
+            if op.op == "CAST" and len(op.inputs) == 1 and len(op.outputs) == 1
+            and tensors[op.inputs[0]].dtype in _ROUNDING_IN and tensors[op.outputs[0]].dtype in _ROUNDING_OUT]
+
+
+def exposing(payload: bytes, names: Sequence[str]) -> bytes:
+    """A copy of a TOSA graph whose main block also outputs the tensors `names`
+    (the reference model returns them after the graph's own outputs)."""
+    fd, path = tempfile.mkstemp(suffix=".tosa")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        # written back at the graph's own version, as Arm wrote it
+        major, minor, patch, draft = tosa_version(payload)
+        serializer = ts.TosaSerializer("", targetMajor=major, targetMinor=minor, targetPatch=patch,
+                                       targetDraft=draft)
+        with quiet():  # the serializer notes its own newer version: our probe, not the user's concern
+            loaded = serializer.loadTosaFlatbuffer(path)
+        if not loaded:
+            raise ValueError("the TOSA serializer cannot read the delegate's flatbuffer")
+        block = serializer.regions[0].basicBlocks[0]
+        for name in names:
+            block.addOutput(name)
+        return bytes(serializer.serialize())
+    finally:
+        os.unlink(path)
+
+
+def artefact_roundings(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
+    """Every rounding CAST's output in every TOSA delegate call the runtime makes
+    on `inputs` (the program's flat inputs)."""
+    _, calls = run_pte_recorded(pte, list(inputs))
+    exposed: dict[bytes, tuple[bytes, list[str], int]] = {}
+    out: list[_Rounding] = []
+    for call in calls:
+        if call.payload not in exposed:
+            names = rounding_names(call.payload)
+            exposed[call.payload] = (exposing(call.payload, names), names,
+                                     len(entry_io_tensors(call.payload)[1]))
+        payload, names, n_out = exposed[call.payload]
+        if not names:
+            continue
+        values = run_reference_model(payload, call.inputs, f"delegate {call.delegate_index}")
+        out += [_Rounding(name, np.asarray(v)) for name, v in zip(names, values[n_out:])]
+    return out
+
+
+class ArtefactRounding:
+    """A `simulation.Resolver`: at an encode with ambiguous codes, the artefact's
+    code at each of them where its rounding is found, else the simulation's."""
+
+    def __init__(self, roundings: Sequence[_Rounding]) -> None:
+        self.by_size: dict[int, list[_Rounding]] = {}
+        for r in roundings:
+            self.by_size.setdefault(int(r.values.size), []).append(r)
+        self.resolved = 0  # ambiguous codes the artefact's rounding decided
+        self.flipped = 0  # of those, rounded the other way from the simulation
+        self.unresolved: list[str] = []  # encodes no exposed rounding matches
+
+    @property
+    def complete(self) -> bool:
+        return not self.unresolved
+
+    @classmethod
+    def of(cls, pte: bytes, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
+        """The artefact's roundings on `inputs` (the program's flat inputs); none
+        (every encode then unresolved) where the runtime or the reference model
+        cannot run it: validate reports that failure itself."""
+        try:
+            return cls(artefact_roundings(pte, inputs))
+        except (PteRunError, ReferenceModelError, ValueError):
+            return cls([])
+
+    def __call__(self, node: str, codes: torch.Tensor, ambiguous: Sequence[AmbiguousCode],
+                 zero_point: int, qmin: int, qmax: int) -> torch.Tensor:
+        index = torch.tensor([a.index for a in ambiguous], dtype=torch.long)
+        alternative = torch.tensor([a.alternative for a in ambiguous], dtype=torch.int64)
+        flat = codes.reshape(-1).to(torch.int64)
+        taken: torch.Tensor | None = None
+        for r in self.by_size.get(codes.numel(), ()):
+            art = _codes_like(r.values, codes.shape, zero_point, qmin, qmax)
+            if art is None:
+                continue
+            differ = art != flat
+            differ[index] = False
+            if bool(differ.any()):
+                continue  # another encode's rounding, or a layout not recognised
+            at = art[index]
+            if not bool(((at == flat[index]) | (at == alternative)).all()):
+                continue
+            if taken is not None and not torch.equal(taken, at):
+                taken = None  # two roundings match and disagree: neither decides
+                break
+            taken = at
+        if taken is None:
+            self.unresolved.append(node)
+            return codes
+        self.resolved += len(ambiguous)
+        self.flipped += int((taken != flat[index]).sum())
+        out = flat.clone()
+        out[index] = taken
+        return out.to(codes.dtype).reshape(codes.shape)
+
+
+def _codes_like(values: np.ndarray, shape: torch.Size, zero_point: int, qmin: int,
+                qmax: int) -> torch.Tensor | None:
+    """The artefact's codes in the simulation's (flat, row-major) order: its
+    rounding plus the zero point, saturated as the codec's RESCALE does. A
+    rank-4 rounding Arm computes channels-last is put back channels-first."""
+    v = torch.from_numpy(values.astype(np.int64))
+    if tuple(v.shape) != tuple(shape) and len(shape) == 4 and tuple(v.shape) == (
+            shape[0], shape[2], shape[3], shape[1]):
+        v = v.permute(0, 3, 1, 2)
+    if values.dtype == np.int8 and zero_point != 0:
+        return None  # an int8 CAST belongs to an encode with zero point 0 (lower_codecs)
+    return torch.clamp(v.reshape(-1) + zero_point, qmin, qmax)
+
+
+__all__ = ["ArtefactRounding", "artefact_roundings", "askable", "exposing", "rounding_names"]
