@@ -35,10 +35,11 @@ SAMPLES = 2
 
 
 def _untimed(value: Any) -> Any:
-    """report.json without what the clock decides (stage times, search seconds, budgets)."""
+    """report.json without what the clock decides (stage times, search seconds, budgets,
+    and `priced_in_bytes`, which quotes the seconds a Vela lowering took)."""
     if isinstance(value, dict):
         return {k: _untimed(v) for k, v in value.items()
-                if k != "times" and not k.endswith("_s") and "seconds" not in k}
+                if k not in ("times", "priced_in_bytes") and not k.endswith("_s") and "seconds" not in k}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
