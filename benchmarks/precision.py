@@ -326,7 +326,7 @@ def _int4(quantizer: Any) -> dict[str, int]:
 
 def _module_names(quantizer: Any) -> list[str]:
     """The modules whose outputs the search put at INT16 (for the hand-tuned stock flow)."""
-    a = quantizer._require()
+    a = quantizer.annotation
     g, plan = a.graph, a.placement.plan
     int16 = {p.domain for p in quantizer.precisions if p.bits == 16}
     names: set[str] = set()
@@ -481,7 +481,7 @@ def run_model(model: str, targets: Sequence[str], budgets: int, path: Path, flow
                              "budget_db": b, "search_score_db": r.score,
                              "int16_domains": len(r.to_json()["int16_domains"]), "domains": len(r.precisions),
                              "search_evaluations": r.evaluations, "search_cycles": r.cycles,
-                             "refused_groups": r.refused_groups, "transcodes_kept": len(q._require().cut_ports),
+                             "refused_groups": r.refused_groups, "transcodes_kept": len(q.annotation.cut_ports),
                              "chains": r.chains,
                              "search_lowerings": r.lowerings, "priced_in_bytes": r.priced_in_bytes,
                              "steps_vs_simulation": _simulation_steps(q, low, tests), **_int4(q)}
