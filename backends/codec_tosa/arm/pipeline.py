@@ -20,6 +20,7 @@ private method it is listed, with its signature, in `arm_private`.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -47,7 +48,11 @@ from executorch.backends.transforms.fuse_identical_input_transforms_pass import 
 )
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import ExportPass
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
+from torch.fx.passes.infra.pass_base import PassResult
+from torch.utils import _pytree as pytree
 
 from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
 from codec_tosa._passes.const_shape_dedup import DedupConstShapesPass
@@ -115,10 +120,126 @@ def _codec_region(propagation: Any) -> ExportPass | None:
     return CodecRegionPass(propagation.exported_program)
 
 
+# --- the permute propagation's re-traces (issue 51) -------------------------------
+# Arm's propagation loop (executorch 1.5.1, backends/transforms/propagate_view_copy_permute_pass)
+# moves what it can in one scan, marking everything downstream of each move stale,
+# then re-traces the whole graph (an ExportPass replay: fake-tensor propagation,
+# a new GraphModule, codegen) to refresh `meta["val"]`, and scans again. On a chain
+# (a transformer's residual stream) each scan moves about one permute per layer
+# boundary, so the scans grow with depth and so does each re-trace: quadratic
+# in layers (SmolLM2 at W: 20 re-traces at 1 layer, 62 at 4; stock FP 12 and 30).
+# Between scans the loop reads only the graph and `meta["val"]`, so there the
+# re-trace is replaced by recomputing `val` where it can have changed (a node whose
+# arguments or val were rewritten, a new node, a reader of a value whose shape,
+# dtype or strides changed), with the kernels the replay would run; the pass's
+# last re-trace stays a real one, so the graph it hands on (node names included)
+# is what a replay of the same final graph gives. Every decision sees the same
+# shapes as before: same moves, same graph, same bytes.
+
+# ArmPass.call_operator's quantized operators without a fake kernel (executorch 1.5.1,
+# backends/arm/_passes/arm_pass.py): the replay makes their val as `_compute` does
+_NO_FAKE_KERNEL = frozenset({exir_ops.edge.aten.bmm.default, exir_ops.edge.aten.leaky_relu.default})
+
+
+def _fake_key(val: Any) -> Any:
+    """What the propagation can read of a `meta["val"]`: shape, dtype, strides, device."""
+    def key(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return (tuple(x.shape), x.dtype, tuple(x.stride()), x.device, x.storage_offset())
+        return x
+    return pytree.tree_map(key, val)
+
+
+class _ValRefresher:
+    """Keeps `meta["val"]` of a graph current between the propagation's scans."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+        self.seen: dict[torch.fx.Node, tuple[Any, Any, Any]] = {}
+        self._snapshot(graph_module)
+
+    def _snapshot(self, graph_module: torch.fx.GraphModule) -> None:
+        self.seen = {n: (n.args, n.kwargs, n.meta.get("val")) for n in graph_module.graph.nodes}
+
+    def refresh(self, graph_module: torch.fx.GraphModule) -> bool:
+        """Recompute what can be stale; False where a node cannot be recomputed here
+        (the caller then re-traces for real)."""
+        mode = next((n.meta["val"].fake_mode for n in graph_module.graph.nodes
+                     if n.op == "placeholder" and isinstance(n.meta.get("val"), FakeTensor)), None)
+        if mode is None:
+            return False
+        changed: set[torch.fx.Node] = set()
+        with mode, enable_python_dispatcher():
+            for n in graph_module.graph.nodes:
+                if n.op != "call_function":
+                    continue
+                old = self.seen.get(n)
+                val = n.meta.get("val")
+                if (old is not None and old[0] is n.args and old[1] is n.kwargs and old[2] is val
+                        and not any(i in changed for i in n.all_input_nodes)):
+                    continue
+                try:
+                    new = self._compute(n)
+                except Exception:  # noqa: BLE001 - the real re-trace decides
+                    return False
+                if val is None or _fake_key(new) != _fake_key(val):
+                    changed.add(n)
+                n.meta["val"] = new
+                n.meta["tensor_meta"] = pytree.tree_map(lambda _: None, new)
+        self._snapshot(graph_module)
+        return True
+
+    @staticmethod
+    def _compute(n: torch.fx.Node) -> Any:
+        """What ExportPass's replay (with ArmPass.call_operator) sets as `n`'s val."""
+        def data(a: Any) -> Any:
+            return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+        args, kwargs = pytree.tree_map(data, (n.args, n.kwargs))
+        if n.target in _NO_FAKE_KERNEL and len(n.meta.get("input_qparams", {})) > 0:
+            old = n.meta["val"]
+            qparams = n.meta.get("output_qparams", {})
+            dtype = next(iter(qparams.values())).dtype if len(qparams) > 0 else old.dtype
+            return torch.empty_like(old, dtype=dtype)
+        if n.target is operator.getitem:
+            return args[0][args[1]]
+        return n.target(*args, **kwargs)
+
+
+def _propagation_call(pass_cls: type, self: Any, graph_module: torch.fx.GraphModule) -> PassResult:
+    """Arm's propagation with its intermediate re-traces replaced (see above)."""
+    self._codec_refresher = _ValRefresher(graph_module)
+    try:
+        result = super(pass_cls, self).call(graph_module)
+    finally:
+        self._codec_refresher = None
+    if not result.modified:
+        return result
+    return PassResult(super(pass_cls, self)._retrace(result.graph_module), True)
+
+
+def _propagation_retrace(pass_cls: type, self: Any, graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    refresher = getattr(self, "_codec_refresher", None)
+    if refresher is None:
+        return super(pass_cls, self)._retrace(graph_module)
+    graph_module.graph.eliminate_dead_code()
+    graph_module.graph.lint()
+    if refresher.refresh(graph_module):
+        return graph_module
+    graph_module = super(pass_cls, self)._retrace(graph_module)
+    refresher._snapshot(graph_module)
+    return graph_module
+
+
 # single inheritance: Arm's instances are re-classed in place (`__class__`), which
 # Python allows only between classes of one layout
 class CodecPermuteDownPass(PropagateViewCopyPermuteDownPass):
     make_fusion_pass = _codec_region
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        return _propagation_call(CodecPermuteDownPass, self, graph_module)
+
+    def _retrace(self, graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return _propagation_retrace(CodecPermuteDownPass, self, graph_module)
 
     def _can_move_through_elementwise(self, moving_node: torch.fx.Node, frontier: torch.fx.Node,
                                       next_node: torch.fx.Node) -> bool:
@@ -131,6 +252,12 @@ class CodecPermuteDownPass(PropagateViewCopyPermuteDownPass):
 
 class CodecPermuteUpPass(PropagateViewCopyPermuteUpPass):
     make_fusion_pass = _codec_region
+
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        return _propagation_call(CodecPermuteUpPass, self, graph_module)
+
+    def _retrace(self, graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return _propagation_retrace(CodecPermuteUpPass, self, graph_module)
 
     def _validated_next_nodes(self, node: torch.fx.Node, frontier: torch.fx.Node,
                               stale_nodes: set[torch.fx.Node]) -> list[torch.fx.Node] | None:
