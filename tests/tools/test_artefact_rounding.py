@@ -11,16 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import codec_tosa.validation.simulation as simulation
 from codec_tosa.pytrees import leaves
 from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
 from codec_tosa.runtime.executorch_runner import run_pte
-from codec_tosa.runtime.pte import delegates, read_pte
+from codec_tosa.runtime.pte import delegates, inspect_pte, read_pte
 from codec_tosa.serialization.tosa_stats import entry_io_tensors
 from codec_tosa.spec import CodecSpec
-from codec_tosa.validation.artefact_rounding import ArtefactRounding, _Rounding, artefact_roundings, exposing, rounding_names
-from codec_tosa.tools.compiler import CompileResult, compile_model
+from codec_tosa.validation.artefact_rounding import (ArtefactRounding, ArtefactRuns, _Rounding, artefact_roundings,
+                                                   exposing, rounding_names)
+from codec_tosa.tools.compiler import CompileResult, compile_model, lower_program
 from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.validation.samples import held_out_inputs
 from codec_tosa.validation.validate import Verdict, validate
@@ -157,3 +159,49 @@ def test_compile_lets_the_artefact_decide_and_validate_says_so(tmp_path, monkeyp
     v = validate(Path(out) / "model.pte")
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
     assert any("decided by the artefact's own rounding" in line for line in v.lines())
+
+
+class _PositionsOnTheCpu(nn.Module):
+    """One delegate call reading the input and a value the CPU computes from shapes only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.ones(1, x.shape[1], dtype=torch.long).cumsum(-1).to(torch.float32)  # int64: CPU
+        return torch.softmax(self.linear(x) + 0.1 * positions.unsqueeze(-1), dim=-1)
+
+
+class _EmbeddingOnTheCpu(nn.Module):
+    """One delegate call reading what the CPU computes from the input (int64 indices)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.linear = nn.Embedding(16, 8), nn.Linear(8, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.linear(self.embedding(tokens)), dim=-1)
+
+
+@pytest.mark.parametrize("module, draw, direct", [
+    (_PositionsOnTheCpu, lambda g: torch.randn(1, 6, 8, generator=g), True),
+    (_EmbeddingOnTheCpu, lambda g: torch.randint(0, 16, (1, 6), generator=g), False),
+])
+def test_one_delegate_call_on_its_own_inputs_is_asked_without_running_the_program(module, draw, direct) -> None:
+    """Issue 51: where the program is one delegate call reading program inputs and
+    values no instruction derives from one, the call's inputs are taken directly
+    after the first run (one reference-model run per input set, not two), and the
+    roundings are those of the recorded runs; where it reads a value the CPU derives
+    from an input, every input set is recorded."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model, sets = module().eval(), [(draw(g),) for _ in range(4)]
+    pte = lower_program(torch.export.export(model, sets[0]), CodecSpec("W"), sets).pte
+    assert len(inspect_pte(pte).delegate_calls) == 1
+    runs = ArtefactRuns(pte)
+    for x in [(draw(g),) for _ in range(3)]:
+        asked, recorded = runs.roundings(leaves(x)), artefact_roundings(pte, leaves(x))
+        assert asked and [r.name for r in asked] == [r.name for r in recorded]
+        assert all(a.values.tobytes() == r.values.tobytes() for a, r in zip(asked, recorded))
+    assert runs.recorded_runs == (1 if direct else 3)

@@ -32,7 +32,7 @@ from codec_tosa.runtime import native
 from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, TensorSpec, delegates, inspect_pte
 from codec_tosa.serialization.tosa_stats import TensorInfo, entry_io_tensors
 
-__all__ = ["DelegateCall", "PteRunError", "run_pte", "run_pte_recorded"]
+__all__ = ["DelegateCall", "NUMPY_DTYPES", "PteRunError", "run_pte", "run_pte_recorded"]
 
 PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
@@ -164,8 +164,8 @@ class DelegateCall:
 
 
 # TOSA dtype names at a delegate boundary (the C++ backend's ElementType set).
-_NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-                 "BOOL": np.bool_}
+NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+                "BOOL": np.bool_}
 
 
 def run_pte_recorded(
@@ -249,10 +249,10 @@ def _load_tensor(directory: Path, call: int, role: str, index: int, spec: Tensor
     if entry is None:
         raise PteRunError(f"{what}: missing from the recording")
     dtype, shape, name = entry
-    if dtype != spec.dtype or shape != tuple(spec.shape) or dtype not in _NUMPY_DTYPES:
+    if dtype != spec.dtype or shape != tuple(spec.shape) or dtype not in NUMPY_DTYPES:
         raise PteRunError(f"{what}: recorded as {dtype}{list(shape)}, "
                           f"the TOSA graph declares {spec.dtype}{spec.shape}")
-    array = np.fromfile(directory / name, dtype=_NUMPY_DTYPES[dtype])
+    array = np.fromfile(directory / name, dtype=NUMPY_DTYPES[dtype])
     if array.size != int(np.prod(shape, dtype=np.int64)):
         raise PteRunError(f"{what}: {array.nbytes} bytes recorded, expected {spec.nbytes}")
     return array.reshape(shape)

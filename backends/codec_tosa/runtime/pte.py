@@ -119,6 +119,51 @@ def inspect_pte(data: bytes) -> PteInfo:
                    input_specs=tuple(_tensor_spec(plan.values[i].val) for i in plan.inputs))
 
 
+def input_derived_values(data: bytes) -> frozenset[int] | None:
+    """The value indices of the first plan that may depend on a program input: the
+    inputs, and every value an instruction touches together with one of them (a
+    fixed point; an instruction's outputs are not told from its inputs, and a list
+    value touches its items, so it over-approximates). A delegate call's outputs are
+    left out, which is sound for a program with one delegate call (within a run its
+    outputs feed nothing it reads), the case it is for (validation's
+    `artefact_rounding`). None where the plan has control flow (a jump: what runs
+    depends on the values)."""
+    program = _program_header(data)
+    if not program.execution_plan:
+        return None
+    plan = program.execution_plan[0]
+
+    def touched(args: Any) -> set[int]:
+        out = set(args)
+        for a in args:
+            items = getattr(plan.values[a].val, "items", None)
+            if isinstance(items, list) and all(isinstance(i, int) for i in items):
+                out.update(i for i in items if 0 <= i < len(plan.values))
+        return out
+
+    steps: list[set[int]] = []
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            args = instr.instr_args
+            if isinstance(args, (schema.DelegateCall, schema.FreeCall)):
+                continue
+            if isinstance(args, schema.KernelCall):
+                steps.append(touched(args.args))
+            elif isinstance(args, schema.MoveCall):
+                steps.append({args.move_from, args.move_to})
+            else:
+                return None
+    derived = set(plan.inputs)
+    changed = True
+    while changed:
+        changed = False
+        for values in steps:
+            if values & derived and not values <= derived:
+                derived |= values
+                changed = True
+    return frozenset(derived)
+
+
 def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Counter[str]]:
     """What `method` runs: delegate calls by backend id, and CPU kernel calls by
     operator (``name.overload`` where the program names an overload)."""
@@ -238,5 +283,5 @@ def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
 
 
 __all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "TensorSpec", "delegate_payload",
-           "delegate_provenance", "delegates", "inspect_pte", "read_pooling_stats", "read_pte",
-           "with_delegates_replaced"]
+           "delegate_provenance", "delegates", "input_derived_values", "inspect_pte", "read_pooling_stats",
+           "read_pte", "with_delegates_replaced"]

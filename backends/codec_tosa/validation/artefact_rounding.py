@@ -10,8 +10,9 @@ to flip one at a time, and flipping all together gives only a lower bound.
 There the artefact is asked instead. Every encode's rounding (the CAST f32 ->
 int8/int16 of our codec lowering, `_passes.lower_codecs`) is made an output of
 a copy of each delegate's TOSA graph; the copy runs on the TOSA reference model
-on the inputs the ExecuTorch runtime recorded for that call; and the
-simulation runs once more, taking the artefact's code at each *ambiguous*
+on the inputs the ExecuTorch runtime recorded for that call (or, for a program
+that is one delegate call on its own inputs, on those inputs directly:
+`ArtefactRuns`); and the simulation runs once more, taking the artefact's code at each *ambiguous*
 element (`IntegerSimulator(resolve=...)`), in graph order, so that what a code
 rounded the other way changes downstream is simulated too. Every other code
 stays the simulation's own: a wrong scale, a wrong zero point or a wrong
@@ -30,14 +31,16 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 import tosa_serializer as ts
 
 from codec_tosa.quiet import quiet
-from codec_tosa.runtime.executorch_runner import PteRunError, run_pte_recorded
+from codec_tosa.runtime import BACKEND_ID
+from codec_tosa.runtime.executorch_runner import NUMPY_DTYPES, PteRunError, run_pte_recorded
+from codec_tosa.runtime.pte import PteError, delegates, input_derived_values, inspect_pte
 from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
@@ -94,23 +97,130 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
         os.unlink(path)
 
 
-def artefact_roundings(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
+def artefact_roundings(pte: bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
     """Every rounding CAST's output in every TOSA delegate call the runtime makes
     on `inputs` (the program's flat inputs)."""
-    _, calls = run_pte_recorded(pte, list(inputs))
-    exposed: dict[bytes, tuple[bytes, list[str], int]] = {}
-    out: list[_Rounding] = []
-    for call in calls:
-        if call.payload not in exposed:
-            names = rounding_names(call.payload)
-            exposed[call.payload] = (exposing(call.payload, names), names,
-                                     len(entry_io_tensors(call.payload)[1]))
-        payload, names, n_out = exposed[call.payload]
-        if not names:
-            continue
-        values = run_reference_model(payload, call.inputs, f"delegate {call.delegate_index}")
-        out += [_Rounding(name, np.asarray(v)) for name, v in zip(names, values[n_out:])]
-    return out
+    runs = pte if isinstance(pte, ArtefactRuns) else ArtefactRuns(pte)
+    return runs.roundings(inputs)
+
+
+# Issue 51: recording the delegate's inputs ran the whole program on the reference
+# model, a second reference-model run per input set beside the exposed graph's.
+# Where the program is one CodecTosaBackend delegate call whose tensor inputs are
+# program inputs or values no instruction derives from a program input (a causal
+# mask, positions: shapes only), the call's inputs are known without running it:
+# the program inputs themselves (contiguous, at the graph's shapes and dtypes), and
+# the other values as the first recorded run of the same program computed them
+# (each run loads the program afresh, so a buffer it reads starts where it did).
+
+
+@dataclass
+class _Direct:
+    """How the one delegate call's inputs follow from the program's inputs."""
+
+    payload: bytes
+    delegate_index: int
+    specs: list[Any]  # the TOSA graph's inputs (tosa_stats.TensorInfo)
+    # per TOSA graph input: ("input", k) program input k, or ("fixed", array) as recorded
+    sources: list[tuple[str, Any]]
+
+
+class ArtefactRuns:
+    """One .pte asked about input set after input set (the reference stage): each
+    delegate's exposed copy is made once, and where the program is one delegate call
+    on its own inputs the call's inputs are taken without running the program
+    (after the first run), so one reference-model run per input set is left."""
+
+    def __init__(self, pte: bytes) -> None:
+        self.pte = pte
+        # each delegate's exposed copy, its rounding names and its output count, by payload
+        self._exposed: dict[bytes, tuple[bytes, list[str], int]] = {}
+        self._direct: _Direct | None = None
+        self._looked = False  # whether a recorded run has said whether `_direct` applies
+        self.recorded_runs = 0  # runs of the whole program (for tests)
+
+    def roundings(self, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
+        """Every rounding CAST's output in every TOSA delegate call the runtime makes
+        on `inputs` (the program's flat inputs)."""
+        calls = self._direct_calls(inputs)
+        if calls is None:
+            _, recorded = run_pte_recorded(self.pte, list(inputs))
+            self.recorded_runs += 1
+            calls = [(c.payload, c.inputs, c.delegate_index) for c in recorded]
+            if not self._looked:
+                self._looked = True
+                self._direct = _direct_of(self.pte, recorded)
+        out: list[_Rounding] = []
+        for call_payload, call_inputs, index in calls:
+            if call_payload not in self._exposed:
+                names = rounding_names(call_payload)
+                self._exposed[call_payload] = (exposing(call_payload, names), names,
+                                               len(entry_io_tensors(call_payload)[1]))
+            payload, names, n_out = self._exposed[call_payload]
+            if not names:
+                continue
+            values = run_reference_model(payload, call_inputs, f"delegate {index}")
+            out += [_Rounding(name, np.asarray(v)) for name, v in zip(names, values[n_out:])]
+        return out
+
+    def _direct_calls(self, inputs: Sequence[torch.Tensor]) -> list[tuple[bytes, list[np.ndarray], int]] | None:
+        """The delegate call's inputs without running the program, where `_direct_of` found how."""
+        d = self._direct
+        if d is None:
+            return None
+        flat = list(inputs)
+        arrays: list[np.ndarray] = []
+        for (kind, source), spec in zip(d.sources, d.specs):
+            if kind == "fixed":
+                arrays.append(source)
+                continue
+            x = flat[source] if source < len(flat) else None
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(spec.shape):
+                return None
+            array = x.detach().contiguous().numpy()
+            if array.dtype != NUMPY_DTYPES[spec.dtype]:
+                return None
+            arrays.append(array)
+        return [(d.payload, arrays, d.delegate_index)]
+
+
+def _direct_of(pte: bytes, recorded: Sequence[Any]) -> _Direct | None:
+    """After a recorded run of `pte`: how later runs can skip the recording, or None
+    (not one CodecTosaBackend call, or one reading a value derived from an input
+    other than as the input itself)."""
+    if len(recorded) != 1:
+        return None
+    try:
+        info = inspect_pte(pte)
+        if len(info.delegate_calls) != 1 or info.delegate_calls[0].delegate_id != BACKEND_ID:
+            return None
+        call = info.delegate_calls[0]
+        payload = next((d.payload for d in delegates(pte)
+                        if d.method == info.method and d.index == call.delegate_index), None)
+        if payload is None:
+            return None
+        specs, outs = entry_io_tensors(payload)
+        derived = input_derived_values(pte)
+    except (PteError, ValueError):
+        return None
+    if (derived is None or len(call.tensor_args) != len(specs) + len(outs)
+            or len(recorded[0].inputs) != len(specs) or recorded[0].payload != payload or recorded[0].delegate_index != call.delegate_index):
+        return None
+    sources: list[tuple[str, Any]] = []
+    for value, spec, array in zip(call.tensor_args[:len(specs)], specs, recorded[0].inputs):
+        if value in info.inputs:
+            k = info.inputs.index(value)
+            tensor_spec = info.input_specs[k] if k < len(info.input_specs) else None
+            if (tensor_spec is None or spec.dtype not in NUMPY_DTYPES
+                    or tensor_spec.dim_order not in ((), tuple(range(len(tensor_spec.shape))))
+                    or tuple(tensor_spec.shape) != tuple(spec.shape)):
+                return None
+            sources.append(("input", k))
+        elif value in derived:
+            return None
+        else:
+            sources.append(("fixed", array))
+    return _Direct(payload, call.delegate_index, specs, sources)
 
 
 class ArtefactRounding:
@@ -130,8 +240,9 @@ class ArtefactRounding:
         return not self.unresolved
 
     @classmethod
-    def of(cls, pte: bytes, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
-        """The artefact's roundings on `inputs` (the program's flat inputs); none
+    def of(cls, pte: bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
+        """The artefact's roundings on `inputs` (the program's flat inputs; `pte` an
+        `ArtefactRuns` to ask one program about many input sets); none
         (every encode then unresolved) where the runtime or the reference model
         cannot run it: validate reports that failure itself."""
         try:
@@ -184,4 +295,4 @@ def _codes_like(values: np.ndarray, shape: torch.Size, zero_point: int, qmin: in
     return torch.clamp(v.reshape(-1) + zero_point, qmin, qmax)
 
 
-__all__ = ["ArtefactRounding", "artefact_roundings", "askable", "exposing", "rounding_names"]
+__all__ = ["ArtefactRounding", "ArtefactRuns", "artefact_roundings", "askable", "exposing", "rounding_names"]

@@ -33,7 +33,7 @@ from torch.export.graph_signature import OutputKind
 from codec_tosa.planning.program import PlannedProgram
 from codec_tosa.pytrees import leaves, map_tensors, tensor_leaves
 from codec_tosa.spec import CodecSpec
-from codec_tosa.validation.artefact_rounding import ArtefactRounding
+from codec_tosa.validation.artefact_rounding import ArtefactRounding, ArtefactRuns
 from codec_tosa.validation.metrics import Z_RTOL, finite_span, max_difference, sqnr_db, sqnr_warning
 from codec_tosa.validation.rounding_ambiguity import FP32_EPS
 from codec_tosa.validation.samples import MIN_SAMPLES
@@ -210,6 +210,8 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
     each alone, its own rounding decides them (`tools.artefact_rounding`)."""
     cases = [tuple(inputs), *(tuple(x) for x in held_out)]
     plan = simulated and planned is not None
+    # asked set after set: its exposed copies made once, its inputs taken directly where it can
+    asked = ArtefactRuns(artefact) if artefact is not None else None
     sets: list[InputSet] = []
     envelopes: list[Envelope] = []
     start = time.perf_counter()
@@ -228,8 +230,8 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
             if spec.reference:
                 s.simulated = [_numpy(t) for t in simulate(planned, s.inputs)]
             else:
-                e = simulate_envelope(planned, x, artefact=None if artefact is None else
-                                      lambda: ArtefactRounding.of(artefact, s.inputs))
+                e = simulate_envelope(planned, x, artefact=None if asked is None else
+                                      lambda: ArtefactRounding.of(asked, s.inputs))
                 envelopes.append(e)
                 s.simulated = [_numpy(t) for t in e.outputs]
                 s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
