@@ -7,7 +7,8 @@ breaks one is noticed. The other hooks' upstream-behaviour tests live with the
 behaviour: tests/fuzz/test_fuzz.py (cat([a, a]); a batch norm of a batch norm, which
 our BatchNormConvolutionsPass, inserted through Arm's pass manager, now handles),
 tests/passes/test_permutes_onto_codes.py (permutes crossing codecs),
-tests/passes/test_permute_scans.py (the propagation's scans without a re-trace each),
+tests/passes/test_permute_scans.py (the propagation's scans without a re-trace each; Arm's
+passes reported as steps),
 tests/runtime/test_vgf.py (VgfBackend's TOSA step, `vgf_compile`),
 tests/tools/test_integer_policies.py (`vela_compile`) and tests/serialization/test_golden.py
 (the whole lowering, byte for byte against stock).

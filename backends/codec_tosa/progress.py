@@ -5,6 +5,11 @@ calls our partitioner and then our backend once per delegate; neither gets
 an argument from the caller. So the caller's callback travels in a context
 variable: `reporting(callback)` around the lowering, `stage(...)` where a
 stage starts. Without a callback, `stage` does nothing.
+
+Inside a delegate's TOSA lowering (minutes on a deep model), `reporting(...,
+steps=...)` also hears each of Arm's passes as it starts, as
+"TOSA lowering: delegate 1: pass 37/152 RewriteConvPass" (`step`); the stages
+callback does not (issue 51).
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ SERIALISATION = "serialisation"
 
 @dataclass
 class _Reporter:
-    callback: Callback
+    callback: Callback | None
     delegates: int = 0
+    steps: Callback | None = None  # hears the steps inside a stage (`step`)
 
 
 _current: ContextVar[_Reporter | None] = ContextVar("codec_tosa_progress", default=None)
 
 
 @contextmanager
-def reporting(callback: Callback | None) -> Iterator[None]:
-    """Report the stages of the lowering run inside to `callback` (None: report nothing)."""
-    token = _current.set(_Reporter(callback) if callback is not None else None)
+def reporting(callback: Callback | None, steps: Callback | None = None) -> Iterator[None]:
+    """Report the stages of the lowering run inside to `callback` (None: report nothing),
+    and the steps inside them to `steps` (None: none)."""
+    token = _current.set(_Reporter(callback, steps=steps) if callback is not None or steps is not None else None)
     try:
         yield
     finally:
@@ -41,7 +48,7 @@ def reporting(callback: Callback | None) -> Iterator[None]:
 
 def stage(name: str) -> None:
     reporter = _current.get()
-    if reporter is not None:
+    if reporter is not None and reporter.callback is not None:
         reporter.callback(name)
 
 
@@ -50,4 +57,18 @@ def delegate_lowering() -> None:
     reporter = _current.get()
     if reporter is not None:
         reporter.delegates += 1
-        reporter.callback(f"TOSA lowering: delegate {reporter.delegates}")
+        if reporter.callback is not None:
+            reporter.callback(f"TOSA lowering: delegate {reporter.delegates}")
+
+
+def stepping() -> bool:
+    """Whether anyone hears `step` (so that a caller can skip preparing its steps)."""
+    reporter = _current.get()
+    return reporter is not None and reporter.steps is not None
+
+
+def step(detail: str) -> None:
+    """One more step of the current delegate's TOSA lowering starts, e.g. "pass 37/152 RewriteConvPass"."""
+    reporter = _current.get()
+    if reporter is not None and reporter.steps is not None:
+        reporter.steps(f"TOSA lowering: delegate {max(reporter.delegates, 1)}: {detail}")

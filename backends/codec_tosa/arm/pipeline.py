@@ -54,6 +54,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.pass_base import PassResult
 from torch.utils import _pytree as pytree
 
+from codec_tosa import progress
 from codec_tosa._passes.batch_norm_convolutions import BatchNormConvolutionsPass
 from codec_tosa._passes.const_shape_dedup import DedupConstShapesPass
 from codec_tosa._passes.lower_codecs import CODEC_META_KEY, CodecOps, LowerCodecsPass
@@ -299,6 +300,26 @@ SUBSTITUTES: dict[type, type] = {
 }
 
 
+class _ReportedPass:
+    """One of Arm's passes, reported to `progress.step` as it starts. Arm's pass manager
+    reads and sets a pass's `exported_program` (where it has one): forwarded."""
+
+    def __init__(self, inner: Any, index: int, total: int) -> None:
+        self.__dict__["_inner"] = inner
+        self.__dict__["_label"] = f"pass {index}/{total} {type(inner).__name__}"
+        self.__dict__["__name__"] = type(inner).__name__  # Arm's error messages name the pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+    def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
+        progress.step(self._label)
+        return self._inner(graph_module)
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     """What one lowering asks of the pipeline.
@@ -340,6 +361,19 @@ class CodecArmPassManager(ArmPassManager):
         if substitute is not None and type(pipeline_pass) not in self._skip_pass_types:
             pipeline_pass.__class__ = substitute
         super().add_pass(pipeline_pass)
+
+    def _transform(self, exported_program: ExportedProgram, graph_module: torch.fx.GraphModule
+                   ) -> torch.fx.GraphModule:
+        # the lowering's longest stage reports each of Arm's passes as it starts
+        # (`progress.step`), when someone listens
+        if not progress.stepping():
+            return super()._transform(exported_program, graph_module)
+        passes = self.passes
+        self.passes = [_ReportedPass(p, i + 1, len(passes)) for i, p in enumerate(passes)]
+        try:
+            return super()._transform(exported_program, graph_module)
+        finally:
+            self.passes = passes
 
     def transform_to_backend_pipeline(self, exported_program: ExportedProgram,
                                       graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -65,6 +65,8 @@ PRIVATE_SYMBOLS: tuple[PrivateSymbol, ...] = (
                   "looked up by TOSABackend._preprocess_module at call time: where ours is handed in"),
     PrivateSymbol(_PASSES, "ArmPassManager._configure_pass_insertions", ("self", "exported_program"),
                   "documented for subclasses: where arm_pipeline inserts our passes"),
+    PrivateSymbol(_PASSES, "ArmPassManager._transform", ("self", "exported_program", "graph_module"),
+                  "runs self.passes: arm_pipeline reports each as it starts (progress.step)"),
     # Arm's passes arm_pipeline subclasses or inserts before (private modules)
     PrivateSymbol(f"{_PASSES}.decompose_quant_nodes", "DecomposeQuantNodesPass", None,
                   "LowerCodecsPass runs right before it"),

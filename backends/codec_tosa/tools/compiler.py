@@ -73,7 +73,8 @@ class Lowered:
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
                   calibration: Sequence[Sequence[torch.Tensor]] | None,
-                  on_stage: lowering_progress.Callback | None = None) -> Lowered:
+                  on_stage: lowering_progress.Callback | None = None,
+                  on_step: lowering_progress.Callback | None = None) -> Lowered:
     """The README's Python recipe for `spec`, then `.to_executorch()`.
 
     A mixed policy: `to_edge_transform_and_lower` with a CodecTosaPartitioner
@@ -82,9 +83,10 @@ def lower_program(program: ExportedProgram, spec: CodecSpec,
     Arm's PT2E flow with CodecQuantizer, then CodecTosaPartitioner (which tags
     with Arm's INT partitioner for the target). `on_stage` is called with each
     stage as it starts: placement + calibration, the TOSA lowering of each
-    delegate, serialisation (`codec_tosa.progress`)."""
+    delegate, serialisation (`codec_tosa.progress`); `on_step` with each of Arm's
+    passes inside a delegate's TOSA lowering as it starts."""
     target = target_of(spec.target)
-    with lowering_progress.reporting(on_stage):
+    with lowering_progress.reporting(on_stage, steps=on_step):
         if spec.integer_only:
             return _lower_quantized(program, spec, target, calibration)
         return _lower_planned(program, spec, target, calibration)
@@ -314,7 +316,9 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         given = load_input_tuples(inputs, loaded.inputs, "--inputs") if inputs else None
         calib = (load_input_tuples(calibration, loaded.inputs, "--calibration") if calibration
                  else [loaded.inputs] + random_calibration(loaded.inputs, calibration_size - 1))
-        lowered = lower_program(loaded.program, spec, calib, on_stage=stage)
+        # the bar also names the pass a long TOSA lowering is in (not an on_stage stage)
+        lowered = lower_program(loaded.program, spec, calib, on_stage=stage,
+                                on_step=bar.set_description if progress else None)
         pte, planned = lowered.pte, lowered.planned
         times["lowering_s"], times["serialisation_s"] = lowered.lowering_s, lowered.serialisation_s
 
