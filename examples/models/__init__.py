@@ -18,7 +18,7 @@ from torch import nn
 from .mlperf_tiny import deep_autoencoder, deep_autoencoder_bn, ds_cnn, mobilenet_v1_025, resnet8
 from .tiny import tiny_shufflenet
 from .trained import digits_ds_cnn, digits_mobilenet, digits_resnet8, digits_vit
-from .transformer import siglip, smollm2, vit_tiny
+from .transformer import siglip, smollm2, smollm2_decode, vit_tiny
 from .vision import inception_v3, mobilenet_v2, shufflenet_v2, unet, unet_256
 
 ModelAndInputs = tuple[nn.Module, tuple[torch.Tensor, ...]]
@@ -30,6 +30,8 @@ BUILTIN_MODELS: dict[str, Builder] = {
     "unet": unet,
     "siglip": siglip,
     "smollm2": smollm2,
+    # one decode step of SmolLM2-135M with a static KV cache, executorch's LLM model
+    "smollm2_decode": smollm2_decode,
     "inception_v3": inception_v3,
     "mobilenet_v2": mobilenet_v2,
     "vit_tiny": vit_tiny,
@@ -121,6 +123,7 @@ __all__ = [
     "shufflenet_v2",
     "siglip",
     "smollm2",
+    "smollm2_decode",
     "tiny_shufflenet",
     "unet",
     "unet_256",

@@ -1,4 +1,5 @@
-"""Transformer models: SmolVLM2-256M's SigLIP tower and SmolLM2 decoder, and a 2-layer ViT block."""
+"""Transformer models: SmolVLM2-256M's SigLIP tower and SmolLM2 decoder (prefill, and one decode
+step with a static KV cache as ExecuTorch builds its LLMs), and a 2-layer ViT block."""
 
 from __future__ import annotations
 
@@ -57,18 +58,19 @@ def vit_tiny(seed: int = 0) -> Example:
                          (1, 3, 32, 32))
 
 
-def siglip(seed: int = 0) -> Example:
+def siglip(seed: int = 0, num_layers: int = 12) -> Example:
     """SigLIP vision tower of SmolVLM2-256M, no pooling head, input (1, 3, 512, 512).
 
     SiglipVisionModel rather than SmolVLM's own vision class: the latter
     emits aten.bucketize (not core ATen) and computes the same for a full image.
+    num_layers is for tests on a shallower copy.
     """
     model_libs.prepare()
     from transformers import SiglipVisionConfig, SiglipVisionModel
 
     config = SiglipVisionConfig(
         hidden_size=768,
-        num_hidden_layers=12,
+        num_hidden_layers=num_layers,
         num_attention_heads=12,
         intermediate_size=3072,
         patch_size=16,
@@ -116,3 +118,58 @@ def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
         return inner
 
     return _seeded_tower(seed, decoder, "inputs_embeds", (1, 128, 576))
+
+
+# SmolLM2-135M's shape in executorch's own LLM model (examples/models/llama); the
+# static KV cache holds SMOLLM2_DECODE_CONTEXT positions.
+SMOLLM2_DECODE_CONTEXT = 128
+
+
+def smollm2_decode(seed: int = 0, num_layers: int = 30, prompt_len: int = 5) -> Example:
+    """One decode step of SmolLM2-135M with a static KV cache of 128 positions, built as
+    ExecuTorch builds its LLMs: executorch's ``construct_transformer(ModelArgs(...))``,
+    called as ``model(tokens [1, 1] long, {"input_pos": pos [1] long})`` -> logits (1, 49152).
+
+    The K and V caches are mutable buffers (1, 3, 128, 64) per layer: the step writes
+    its own position (``index_put``) and attends over positions 0..pos through the
+    model's causal mask. Before returning, the builder decodes a seeded random prompt
+    of `prompt_len` tokens (positions 0..prompt_len-1) so the caches hold that prompt;
+    the example is the next token at position `prompt_len`. A step at a fixed
+    position writes only that position and reads only positions up to it, so it
+    computes the same for the same input however often it runs (calibration,
+    reference outputs). The LM head holds a copy of the embedding table, as
+    executorch's SmolLM2 checkpoint conversion ties them. num_layers is for tests on
+    a shallower copy.
+    """
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    if not 0 <= prompt_len < SMOLLM2_DECODE_CONTEXT:
+        raise ValueError(f"prompt_len must be in [0, {SMOLLM2_DECODE_CONTEXT}), got {prompt_len}")
+    args = ModelArgs(
+        dim=576,
+        n_layers=num_layers,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        hidden_dim=1536,
+        vocab_size=49152,
+        norm_eps=1e-5,
+        max_seq_len=SMOLLM2_DECODE_CONTEXT,
+        max_context_len=SMOLLM2_DECODE_CONTEXT,
+        use_kv_cache=True,
+        enable_dynamic_shape=False,
+        rope_theta=100000.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = construct_transformer(args).eval()
+        # Export fails on in-place cache writes into a graph that requires grad.
+        model.requires_grad_(False)
+        with torch.no_grad():
+            model.output.weight.copy_(model.tok_embeddings.weight)
+        tokens = torch.randint(0, args.vocab_size, (prompt_len + 1,))
+    with torch.no_grad():
+        for pos in range(prompt_len):
+            model(tokens[pos].view(1, 1), {"input_pos": torch.tensor([pos])})
+    return model, (tokens[prompt_len].view(1, 1), {"input_pos": torch.tensor([prompt_len])})

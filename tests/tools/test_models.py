@@ -16,7 +16,8 @@ def _param_count(model: torch.nn.Module) -> int:
 
 def test_registry_holds_the_paper_models_and_the_demo() -> None:
     assert set(BUILTIN_MODELS) == {
-        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "inception_v3", "mobilenet_v2",
+        "tiny_shufflenet", "shufflenet_v2", "unet", "siglip", "smollm2", "smollm2_decode", "inception_v3",
+        "mobilenet_v2",
         "vit_tiny", "unet_256", "digits_resnet8", "digits_ds_cnn", "digits_mobilenet", "digits_vit",
         "ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder", "deep_autoencoder_bn",
     }
@@ -44,6 +45,30 @@ def test_tiny_shufflenet_is_small_seeded_and_exports() -> None:
         out = ep.module()(*inputs)
         assert tuple(out.shape) == (1, 10)
         assert torch.equal(out, model(*inputs))
+
+
+def test_smollm2_decode_is_one_seeded_idempotent_step_over_a_prefilled_cache() -> None:
+    from codec_tosa_examples.models import smollm2_decode
+
+    model, (tokens, options) = smollm2_decode(num_layers=1)
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert tokens.shape == (1, 1) and tokens.dtype == torch.long
+    assert set(options) == {"input_pos"} and options["input_pos"].tolist() == [5]
+    k_cache = model.layers[0].attention.kv_cache.k_cache
+    assert k_cache.shape == (1, 3, 128, 64)
+    # the prompt filled positions 0..4, nothing beyond
+    assert bool((k_cache[:, :, :5] != 0).any(dim=-1).all()) and not bool(k_cache[:, :, 5:].any())
+    assert torch.equal(model.output.weight, model.tok_embeddings.weight)
+    again, _ = smollm2_decode(num_layers=1)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    with torch.no_grad():
+        first = model(tokens, options)
+        assert first.shape == (1, 49152)
+        assert torch.equal(model(tokens, options), first)  # writes its own position again
+
+    ep = torch.export.export(model, (tokens, options)).run_decompositions()
+    assert sorted(ep.graph_signature.buffers_to_mutate.values()) == [
+        "layers.0.attention.kv_cache.k_cache", "layers.0.attention.kv_cache.v_cache"]
 
 
 def test_building_does_not_disturb_the_callers_rng() -> None:
