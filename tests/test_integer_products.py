@@ -137,6 +137,8 @@ def _int8(generator: torch.Generator, shape: tuple[int, ...], low: int = -128, h
     (16, 8, 1, [1, 1], [1, 1], [1, 1], 17),  # 1x1 padded: the padding is the zero point
     (3, 8, 7, [2, 2], [3, 3], [1, 1], -3),  # a stem
     (32, 8, 3, [1, 1], [12, 12], [12, 12], 127),  # taps off the centre read only padding
+    (3, 8, 3, [3, 3], [0], [1, 1], 4),  # padding="valid" exports one value (SigLIP's patch embedding)
+    (3, 8, 3, [2], [1], [2], -5),  # one value each for both spatial dimensions
 ])
 def test_int8_convolution_is_exact(cin: int, cout: int, k: int, stride: list[int], padding: list[int],
                                    dilation: list[int], zero_point: int) -> None:

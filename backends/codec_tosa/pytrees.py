@@ -10,10 +10,11 @@ flattens, in the same order torch.export does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import torch
+from torch.export.graph_signature import ExportGraphSignature, OutputKind
 from torch.utils import _pytree as pytree
 
 
@@ -34,4 +35,16 @@ def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return pytree.tree_map(lambda t: fn(t) if isinstance(t, torch.Tensor) else t, tree)
 
 
-__all__ = ["leaves", "map_tensors", "tensor_leaves"]
+def returned_outputs(signature: ExportGraphSignature, outputs: Sequence[Any]) -> list[Any]:
+    """Of a program's graph outputs (values, or the output node's arguments), those
+    its caller gets back: all but the new values of the buffers it mutates (a KV
+    cache's next state), which ExecuTorch writes back in place and neither the
+    runtime nor eager returns (issue 51). `outputs` as they are where they do not
+    line up with `signature`'s output specs."""
+    specs = signature.output_specs
+    if len(specs) != len(outputs):
+        return list(outputs)
+    return [o for o, spec in zip(outputs, specs) if spec.kind != OutputKind.BUFFER_MUTATION]
+
+
+__all__ = ["leaves", "map_tensors", "returned_outputs", "tensor_leaves"]

@@ -1,5 +1,6 @@
 """Models whose inputs and outputs are not one float tensor: bool and inf/NaN
-outputs, an input mutated in place, nested inputs and outputs (issues 22, 27).
+outputs, an input mutated in place, nested inputs and outputs (issues 22, 27), a
+buffer the program mutates (issue 51).
 Each builder returns (module in eval mode, example inputs)."""
 
 import torch
@@ -160,3 +161,27 @@ def conv_fp16():
     """Arm's test_conv2d fp16 cases: a float16 convolution's weight and bias."""
     torch.manual_seed(0)
     return nn.Conv2d(3, 4, 3).half().eval(), (torch.randn(1, 3, 8, 8, dtype=torch.float16),)
+
+
+class PrefilledCache(nn.Module):
+    """A decode step in small (issue 51): a buffer the step writes at its position
+    (index_put) and reads whole, filled by earlier steps before export, so the
+    program's buffer state is not zeros."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.register_buffer("cache", torch.zeros(1, 6, 8))
+
+    def forward(self, x, pos):
+        self.cache[:, pos] = self.proj(x)
+        return torch.softmax(self.out(self.cache.mean(1)), dim=-1)
+
+
+def prefilled_cache():
+    torch.manual_seed(0)
+    model = PrefilledCache().eval().requires_grad_(False)
+    with torch.no_grad():
+        for pos in range(3):  # a prompt: positions 0..2; the example writes position 3
+            model(torch.randn(1, 8), torch.tensor([pos]))
+    return model, (torch.randn(1, 8), torch.tensor([3]))

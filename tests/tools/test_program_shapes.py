@@ -61,6 +61,22 @@ def test_nested_inputs_and_outputs_are_flattened_as_torch_export_does(tmp_path: 
     assert np.array_equal(io["eager_2"], out["state"][1].numpy())
 
 
+def test_a_buffer_the_program_mutates_keeps_its_state_and_is_not_an_output(tmp_path: Path) -> None:
+    """A decode step's KV cache in small (issue 51), filled by a prompt before export:
+    the program returns the cache's next state first (BUFFER_MUTATION), which
+    ExecuTorch writes back in place and neither the runtime nor eager returns, so
+    the planned and simulated outputs leave it out (else the reference stage
+    compares a (1, 6, 8) cache with the (1, 4) output); and the .pte holds the
+    buffer's state (InitializedMutableBufferPass), so the runtime starts where eager
+    does (from zeros it is over a hundred steps off the simulation: FAIL)."""
+    pte = _compile("prefilled_cache", "W", tmp_path)
+    io = np.load(tmp_path / "reference_io.npz")
+    assert io["eager_0"].shape == io["planned_0"].shape == io["simulated_0"].shape == (1, 4)
+    assert "planned_1" not in io and "step_1" not in io
+    v = validate(pte)
+    assert v.verdict is Verdict.PASS and len(v.outputs) == 1, "\n".join(v.lines())
+
+
 def test_a_structural_error_the_simulation_shares_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch norm folded wrongly (its convolution's weight scaled by 1.5 after
     folding): the artefact equals the simulation bit for bit, since both run the

@@ -24,6 +24,7 @@ from codec_tosa.placement import Placement, place
 from codec_tosa.placement.meta import write_plan_meta
 from codec_tosa.planning.calibration import learn_thetas
 from codec_tosa.planning.traffic import Traffic, measure
+from codec_tosa.pytrees import returned_outputs
 from codec_tosa.spec import CodecSpec
 
 
@@ -62,8 +63,9 @@ class PlannedProgram:
         materialised program ends it with, else `fallback` (the caller's estimate
         for an FP32 output)."""
         steps = list(fallback)
-        returned = self.materialized().graph_module.graph.output_node().args[0]
-        for k, node in enumerate(list(returned)[:len(steps)]):
+        program = self.materialized()
+        returned = returned_outputs(program.graph_signature, list(program.graph_module.graph.output_node().args[0]))
+        for k, node in enumerate(returned[:len(steps)]):
             if isinstance(node, torch.fx.Node) and node.target == DQ_TENSOR:
                 steps[k] = max(steps[k], float(node.args[1]))
         return steps

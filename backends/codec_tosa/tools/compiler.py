@@ -13,8 +13,10 @@ from typing import Any, Callable, Sequence
 
 import executorch.kernels.quantized  # noqa: F401  (out variants of the I/O quantize/dequantize)
 import torch
-from executorch.exir import to_edge_transform_and_lower
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 from tqdm import tqdm
 
@@ -71,6 +73,19 @@ class Lowered:
     edge: Any = None  # the EdgeProgramManager (VGF target), to run the program with its delegates elsewhere
 
 
+def _executorch_config(edge: Any) -> ExecutorchBackendConfig | None:
+    """`to_executorch`'s configuration: the state of every buffer the program mutates
+    (a KV cache a prompt filled) serialised with it, as export_llama does for its
+    k_cache/v_cache on Arm's backends; by default ExecuTorch keeps only such a
+    buffer's shape and dtype, and the runtime starts from zeros where eager, the
+    simulation and the reference outputs start from its state (issue 51). None (the
+    default configuration) for a program that mutates no buffer."""
+    sig = edge.exported_program().graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    names = [spec.arg.name for spec in sig.input_specs if spec.kind == InputKind.BUFFER and spec.target in mutated]
+    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(names)]) if names else None
+
+
 def lower_program(program: ExportedProgram, spec: CodecSpec,
                   calibration: Sequence[Sequence[torch.Tensor]] | None,
                   on_stage: lowering_progress.Callback | None = None,
@@ -108,7 +123,7 @@ def _lower_planned(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    pte = bytes(edge.to_executorch().buffer)
+    pte = bytes(edge.to_executorch(_executorch_config(edge)).buffer)
     require_delegate(pte, spec, "CodecTosaPartitioner")
     files, report = target.files(pte)
     return Lowered(target, pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
@@ -196,7 +211,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    pte = bytes(edge.to_executorch().buffer)
+    pte = bytes(edge.to_executorch(_executorch_config(edge)).buffer)
     serialisation = time.perf_counter() - t
     info = require_delegate(pte, spec, target.partitioner_name)
     t = time.perf_counter()

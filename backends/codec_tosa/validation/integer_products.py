@@ -221,6 +221,9 @@ def convolution_int8(x: torch.Tensor, zero_point: int, weight: Int8Weight, strid
     (below 2**16 * 255 * 128 < 2**31 in magnitude). None where it does not apply."""
     if x.dtype != torch.int8 or x.dim() != 4 or len(weight.kernel) != 2 or not x.numel():
         return None
+    # aten.convolution takes one value for both spatial dimensions too
+    # (Conv2d(padding="valid") exports padding [0]: SigLIP's patch embedding, issue 51)
+    stride, padding, dilation = (tuple(v) * 2 if len(v) == 1 else tuple(v) for v in (stride, padding, dilation))
     n, c = x.shape[:2]
     kh, kw = weight.kernel
     if c * kh * kw != weight.matrix.shape[1]:

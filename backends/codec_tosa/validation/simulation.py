@@ -75,6 +75,7 @@ from codec_tosa.planning.calibration import lifted_args
 from codec_tosa.graph import target_key
 from codec_tosa._passes.materialize_codecs import ARM_ANNOTATION_KEY
 from codec_tosa.planning.program import PlannedProgram
+from codec_tosa.pytrees import returned_outputs
 from codec_tosa.validation.rescale import average, rescale
 from codec_tosa.validation.rounding_ambiguity import FP32_DECOMPOSITIONS, AmbiguousCode, ambiguous_codes, error_bound
 
@@ -888,7 +889,7 @@ def run_planned(planned: PlannedProgram, inputs: Sequence[Any],
         args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
     with torch.no_grad():
         out = torch.fx.Interpreter(program.graph_module).run(*args)
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return returned_outputs(program.graph_signature, _outputs(out))
 
 
 def simulate_with_stats(planned: PlannedProgram, inputs: Sequence[torch.Tensor]
@@ -936,7 +937,7 @@ def _run(planned: PlannedProgram, sim: Any, inputs: Sequence[torch.Tensor],
                               keep_values=keep_values, resolve=resolve)
     with torch.no_grad():
         out = runner.run(*lifted_args(sim, inputs))
-    return _outputs(out), runner
+    return returned_outputs(sim.graph_signature, _outputs(out)), runner
 
 
 def _rerun(planned: PlannedProgram, sim: Any, base: IntegerSimulator,
@@ -946,7 +947,7 @@ def _rerun(planned: PlannedProgram, sim: Any, base: IntegerSimulator,
                               find_ambiguous=False)
     with torch.no_grad():
         out = runner.rerun(base)
-    return _outputs(out)
+    return returned_outputs(sim.graph_signature, _outputs(out))
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -995,7 +996,7 @@ def simulate_envelope(planned: PlannedProgram, inputs: Sequence[torch.Tensor],
 
 
 def _output_bounds(sim: Any, runner: IntegerSimulator) -> list[float]:
-    returned = _outputs(sim.graph_module.graph.output_node().args[0])
+    returned = returned_outputs(sim.graph_signature, _outputs(sim.graph_module.graph.output_node().args[0]))
     return [runner.bounds.get(n, 0.0) if isinstance(n, torch.fx.Node) else 0.0 for n in returned]
 
 
