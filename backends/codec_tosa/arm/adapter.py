@@ -90,10 +90,11 @@ def lower_into(
 
     Graph-owned constants (Arm's `process_node._add_const` and the CONST_SHAPE
     visitor) are added inside the serializer's `graph_owned_constants()`
-    context when it has one (`PooledTosaSerializer`), so only helper constants
-    are pooled. `dedup_const_shapes` merges identical static CONST_SHAPE FX
-    nodes after Arm's pass pipeline (in every control-flow submodule too);
-    None means "when the serializer pools", so a plain serializer still gives
+    context when it has one (`MarkingTosaSerializer`, `PooledTosaSerializer`),
+    so only helper constants are pooled and external weights know theirs.
+    `dedup_const_shapes` merges identical static CONST_SHAPE FX nodes after
+    Arm's pass pipeline (in every control-flow submodule too); None means "when
+    the serializer pools", so a plain or merely marking serializer still gives
     stock bytes. `lower_codecs` (a program that carries a codec plan) runs
     `LowerCodecsPass` inside Arm's pipeline; off, the lowering is stock.
 
@@ -103,7 +104,7 @@ def lower_into(
     debug information (``debug.json`` in JSON mode).
     """
     if dedup_const_shapes is None:
-        dedup_const_shapes = hasattr(serializer, "graph_owned_constants")
+        dedup_const_shapes = hasattr(serializer, "record_const_shape_dedup")
     options = PipelineOptions(lower_codecs=lower_codecs, dedup_const_shapes=dedup_const_shapes,
                               record_dedup=getattr(serializer, "record_const_shape_dedup", None))
     debug_mode = compile_spec.tosa_debug_mode

@@ -138,7 +138,9 @@ class CodecQuantizer(Quantizer):
             spec = CodecSpec(policy="I", target=target_of_compile_spec(spec).name)
         self.spec = spec or CodecSpec(policy="I")
         # what differs between Arm's INT flow and XNNPACK's (targets.base.Int8Flow)
-        self._flow: Int8Flow = target_of(self.spec.target).int8_flow(self.spec)
+        target = target_of(self.spec.target)
+        target.check_spec(self.spec)  # e.g. external weights on a target without named data
+        self._flow: Int8Flow = target.int8_flow(self.spec)
         # set_global / set_module_type / set_module_name (module_selection)
         self._selection = ModuleSelection(self.spec, self.spec)
         self._annotated: Annotation | None = None

@@ -38,6 +38,7 @@ import tosa_serializer as ts
 
 from codec_tosa.quiet import quiet
 from codec_tosa.runtime.executorch_runner import PteRunError, run_pte_recorded
+from codec_tosa.runtime.pte import ProgramFiles
 from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
@@ -56,10 +57,11 @@ class _Rounding:
     values: np.ndarray  # round(x / s), saturated to its dtype: the code minus the zero point
 
 
-def askable(pte: bytes, target: Target) -> bytes | None:
-    """`pte`, when its target's artefact can decide ambiguous codes (a TOSA delegate,
-    which the runtime runs on the reference model: module docstring); else None."""
-    return pte if target.decides_rounding else None
+def askable(program: ProgramFiles, target: Target) -> ProgramFiles | None:
+    """`program` (the .pte and its .ptd), when its target's artefact can decide
+    ambiguous codes (a TOSA delegate, which the runtime runs on the reference model:
+    module docstring); else None."""
+    return program if target.decides_rounding else None
 
 
 def rounding_names(payload: bytes) -> list[str]:
@@ -94,7 +96,7 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
         os.unlink(path)
 
 
-def artefact_roundings(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
+def artefact_roundings(pte: ProgramFiles, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
     """Every rounding CAST's output in every TOSA delegate call the runtime makes
     on `inputs` (the program's flat inputs)."""
     _, calls = run_pte_recorded(pte, list(inputs))
@@ -130,7 +132,7 @@ class ArtefactRounding:
         return not self.unresolved
 
     @classmethod
-    def of(cls, pte: bytes, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
+    def of(cls, pte: ProgramFiles, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
         """The artefact's roundings on `inputs` (the program's flat inputs); none
         (every encode then unresolved) where the runtime or the reference model
         cannot run it: validate reports that failure itself."""

@@ -25,6 +25,7 @@ class EthosUTarget(Target):
     payload_is_tosa = False
     needs_tosa_beside = True
     runs_on = TOSA_STAND_IN
+    external_weights_refusal = "external_weights=True: not implemented for this target yet"
     run_note = ("Vela's command stream itself is not executed here (this runtime has no "
                 f"{arm_adapter.ETHOS_U_BACKEND_ID}): the program ran in ExecuTorch with each Ethos-U delegate "
                 "replaced by the TOSA Vela was given, on the TOSA reference model, and its CPU operators "

@@ -20,6 +20,7 @@ from codec_tosa.planning.program import PlannedProgram, plan_program
 from codec_tosa.planning.provenance import option_specs, provenance_specs
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
+from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
 
@@ -71,6 +72,7 @@ class CodecTosaPartitioner(Partitioner):
             arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=checks)
             if spec_.target == "vgf":
+                VgfTarget().check_spec(spec_)
                 # ExecuTorch lowers a VgfBackend delegate with Arm's VgfBackend, whose
                 # TOSA step then runs ours for a program that carries our plan
                 arm_adapter.install_vgf_tosa_lowering(_lower_planned_tosa, str(_model_converter()))
@@ -174,8 +176,7 @@ def _require_quantized(ep: ExportedProgram, spec: CodecSpec) -> None:
 
 def _lower_planned_tosa(edge_program: ExportedProgram, arm_spec: Any) -> bytes:
     """Our TOSA lowering for a VgfBackend delegate (pooling on, as CodecTosaBackend's default)."""
-    payload, _ = lower_to_tosa(edge_program, arm_spec, pool_constants=True)
-    return payload
+    return lower_to_tosa(edge_program, arm_spec, pool_constants=True).payload
 
 
 def _model_converter() -> Any:

@@ -20,6 +20,7 @@ class XnnpackTarget(Target):
     simulated = False
     payload_is_tosa = False
     partitioner_name = "XnnpackPartitioner"
+    external_weights_refusal = "external_weights=True: not implemented for this target yet"
     run_note = (f"the {XNNPACK_BACKEND_ID} delegates ran in ExecuTorch's runtime; XNNPACK requantizes in its "
                 "own fixed point, so the plan's simulation is not their oracle: outputs are held to FP32 "
                 "eager by SQNR only")
