@@ -35,7 +35,7 @@ from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_opera
 from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
 from codec_tosa.tools.input_files import load_input_tuples
 from codec_tosa.tools.loading import export_module, load_and_export
-from codec_tosa.tools.report import program_delegates
+from codec_tosa.tools.report import memory_summary, program_delegates
 from codec_tosa.units import MIB
 from codec_tosa.validation.artefact_rounding import askable
 from codec_tosa.validation.reference_io import Reference, ReferenceIO, reference_outputs
@@ -352,14 +352,15 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
     finally:
         bar.close()
 
-    report = build_report(model, spec, lowered.target, lowered.program, planned, times, lowered.report, ref)
+    report = build_report(model, spec, lowered.target, lowered.program, planned, times, lowered.report, ref,
+                          lowered.files)
     write_artefacts(out, pte, ref.io, report, lowered.files)
     return CompileResult(out, report, tuple(lowered.files), ref.warnings, planned)
 
 
 def build_report(model: str, spec: CodecSpec, target: Target, program: ProgramFiles,
                  planned: PlannedProgram | None, times: dict[str, float], target_report: dict[str, Any],
-                 ref: Reference) -> dict[str, Any]:
+                 ref: Reference, tosa_files: dict[str, bytes] | None = None) -> dict[str, Any]:
     """report.json: the spec, the delegates as serialised, the modeled traffic."""
     pte = program.pte
     report: dict[str, Any] = {
@@ -371,7 +372,12 @@ def build_report(model: str, spec: CodecSpec, target: Target, program: ProgramFi
         "times": times,
     }
     # operators, constants, unfused and fused traffic of the delegates as serialised
-    report["tosa"] = program_delegates(pte, ptd=program.ptd).summary()
+    found = program_delegates(pte, ptd=program.ptd)
+    report["tosa"] = found.summary()
+    # the TOSA a VGF or Ethos-U delegate was compiled from, as compile and save keep it
+    converted = {d.index: (delegate_file(k, "tosa"), tosa) for k, d in enumerate(found.other)
+                 if (tosa := (tosa_files or {}).get(delegate_file(k, "tosa"))) is not None}
+    report["memory"] = memory_summary(pte, found, converted)
     report.update(target_report)
     if planned is not None:
         tr = planned.traffic()

@@ -20,8 +20,10 @@ from tosa.TosaGraph import TosaGraph
 from codec_tosa.arm.adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.commutation.policy import INTEGER_POLICY
-from codec_tosa.runtime.pte import Delegate, NamedData, delegates, inspect_pte, read_pooling_stats, read_pte
+from codec_tosa.runtime.pte import (Delegate, NamedData, delegates, inspect_pte, planned_buffers, read_pooling_stats,
+                                    read_pte)
 from codec_tosa.serialization import external
+from codec_tosa.serialization.memory_plan import ActivationPlan, activation_plan
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 from codec_tosa.targets.ethosu.vela_figures import MISSING, delegate_tosa, ethos_u_delegates, vela_figures
 from codec_tosa.targets.named_data import named_data_for
@@ -55,6 +57,7 @@ class TosaDelegate(Delegate):
 
     stats: TosaStats = field(default_factory=TosaStats)  # of the whole TOSA (external weights put back)
     external_bytes: int = 0  # constant bytes the payload leaves to the .ptd
+    activation: ActivationPlan = field(default_factory=ActivationPlan)  # its non-constant tensors' plan
 
     @property
     def external(self) -> bool:
@@ -78,6 +81,7 @@ class TosaDelegate(Delegate):
                **_figures(s)}
         if self.external:  # payload_bytes is the whole TOSA's; the .pte holds this much of it
             out.update(pte_payload_bytes=len(self.payload), external_weight_bytes=self.external_bytes)
+        out["activation"] = self.activation.to_json()
         return out
 
 
@@ -156,8 +160,46 @@ def program_delegates(data: bytes, path: str | Path = "<bytes>", ptd: NamedData 
         except ValueError as e:
             raise ValueError(f"{path}: the {d.backend_id} delegate is unusable: {e}") from None
         found.tosa.append(TosaDelegate(d.method, d.index, d.backend_id, d.payload, d.compile_specs, d.arm_specs,
-                                       stats, sum(external.needed(d.payload).values())))
+                                       stats, sum(external.needed(d.payload).values()), activation_plan(whole)))
     return found
+
+
+def memory_summary(data: bytes, found: ProgramDelegates, converted: dict[int, tuple[str, bytes]] | None = None
+                   ) -> dict[str, Any]:
+    """report.json's ``memory``: ExecuTorch's planned buffers per method (what the
+    runtime allocates for the program's non-constant tensors: the delegates' inputs
+    and outputs and the CPU operators') and the activation plan of each TOSA
+    delegate's non-constant tensors (`serialization.memory_plan`; a VGF or Ethos-U
+    delegate's from the TOSA it was compiled from, `converted`: index -> (file, TOSA))."""
+    plans = [{"index": d.index, "backend_id": d.backend_id, "tosa": "payload", **d.activation.to_json()}
+             for d in found.tosa]
+    for d in found.other:
+        if converted and d.index in converted:
+            name, tosa = converted[d.index]
+            plans.append({"index": d.index, "backend_id": d.backend_id, "tosa": name,
+                          **activation_plan(tosa).to_json()})
+    buffers = planned_buffers(data)
+    return {"executorch_planned_buffers": {m: list(b) for m, b in buffers.items()},
+            "executorch_planned_bytes": sum(buffers.get("forward", ())),
+            "delegates": plans,
+            # the delegates run one after another: the largest of their plans
+            "delegate_activation_bytes": max((p["planned_bytes"] for p in plans), default=0)}
+
+
+def memory_lines(memory: dict[str, Any], table: Table) -> list[str]:
+    """report.json's ``memory`` as `report` prints it."""
+    lines = [f"activation memory: ExecuTorch's planned buffers {memory['executorch_planned_bytes']} bytes "
+             "(forward: the delegates' inputs and outputs and the CPU operators' tensors); each TOSA delegate's "
+             "non-constant tensors, planned by liveness as ExecuTorch plans (greedy, 16-byte aligned):"]
+    lines.append(table(["TOSA delegate", "graph", "peak live bytes", "planned bytes", "tensors", "bytes without reuse",
+                        "peak at"],
+                       [[p["index"], p["tosa"], p["peak_live_bytes"], p["planned_bytes"], p["tensors"],
+                         p["tensor_bytes"], p["peak_operator"]] for p in memory["delegates"]]))
+    for p in memory["delegates"]:
+        if p["peak_tensors"]:
+            lines.append(f"alive at the peak of delegate {p['index']}: " + ", ".join(
+                f"{name} {nbytes}" for name, nbytes in p["peak_tensors"]))
+    return lines
 
 
 def report_lines(pte: str | Path, table: Table, ptd: str | Path | None = None) -> list[str]:
@@ -195,6 +237,7 @@ def report_lines(pte: str | Path, table: Table, ptd: str | Path | None = None) -
                       f"{d.payload_bytes} bytes, converted from {name} ({stats.payload_bytes} bytes)"]
         lines += _stats_lines(stats, table)
     lines += _vela_lines(every, tosa, Path(pte), data, table)
+    lines += [""] + memory_lines(memory_summary(data, found, {d.index: tosa[d.index] for d in converted}), table)
     if n > 1:
         total = found.total()
         lines += ["", f"total over {n} TOSA delegates: {total.operators} operators, "

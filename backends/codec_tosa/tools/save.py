@@ -93,7 +93,7 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
         target_report["vela"] = vela
     written, files_report = target.data_files(files)
     target_report.update(files_report)
-    report = build_report("python", spec, target, files, planned, {}, target_report, ref)
+    report = build_report("python", spec, target, files, planned, {}, target_report, ref, dict(tosa.values()))
     write_artefacts(path, pte, ref.io, report, {**written, **dict(tosa.values())})
     return Path(path) / "model.pte"
 
