@@ -442,6 +442,16 @@ class CodecQuantizer(Quantizer):
         decompositions applied): what the quantized module approximates."""
         return copy.deepcopy(self.annotation.fp32)
 
+    def tag_external_weights(self, quantized: ExportedProgram) -> ExportedProgram:
+        """The quantized program (`torch.export.export(convert_pt2e(prepared), ...)`), with
+        its constants marked for a .ptd where the target reads marks on the program
+        (XNNPACK's external constants), when the spec asks ``external_weights=True``;
+        otherwise as it is. Call it between export and `to_edge_transform_and_lower`.
+        Our delegate and Ethos-U take external weights from the partitioner's spec."""
+        if self.spec.external_weights:
+            target_of(self.spec.target).tag_external_weights(quantized)
+        return quantized
+
     def converted(self) -> torch.fx.GraphModule:
         """The quantized module `convert_pt2e` makes of the calibrated model: the graph
         this quantizer annotated, prepared again with the calibrated observers, converted."""

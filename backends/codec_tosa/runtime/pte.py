@@ -242,6 +242,15 @@ def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, 
     return next((d.compile_specs for d in delegates(data) if d.backend_id == backend_id), {})
 
 
+def named_data_in_pte(data: bytes) -> dict[str, int]:
+    """The named data the .pte holds itself: key -> bytes (pooling records, XNNPACK's
+    inline constants, ...)."""
+    named = _deserialize_pte_binary(data).named_data
+    if named is None:
+        return {}
+    return {key: len(named.buffers[entry.buffer_index]) for key, entry in named.pte_data.items()}
+
+
 def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
     """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
     named = _deserialize_pte_binary(pte_bytes).named_data
@@ -361,5 +370,5 @@ def program_files(manager: Any) -> ProgramFiles:
 
 
 __all__ = ["Delegate", "DelegateCallInfo", "NamedData", "PTD_SUFFIX", "ProgramFiles", "PteError", "PteInfo",
-           "TensorSpec", "delegate_payload", "delegate_provenance", "delegates", "inspect_pte", "planned_buffers", "program_files",
+           "TensorSpec", "delegate_payload", "delegate_provenance", "delegates", "inspect_pte", "named_data_in_pte", "planned_buffers", "program_files",
            "ptd_beside", "read_pooling_stats", "read_ptd", "read_pte", "with_delegates_replaced"]

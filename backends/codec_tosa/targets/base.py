@@ -101,6 +101,12 @@ class Target:
         if getattr(spec, "external_weights", False) and self.external_weights_refusal:
             raise ValueError(self.external_weights_refusal)
 
+    def tag_external_weights(self, program: Any) -> int:
+        """Marks a quantized program's constants for external weights where the target's
+        mechanism reads marks on the program (XNNPACK's external constants); returns how
+        many it marked. Ours and Arm's take it from the compile spec instead: 0."""
+        return 0
+
     def named_data_keys(self, payload: bytes) -> dict[str, int | None]:
         """The named data a delegate payload of this target reads at init: key -> bytes
         (None: size not known here). Ours: the external weights of its payload."""

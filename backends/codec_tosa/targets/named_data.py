@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from codec_tosa.runtime.pte import NamedData, PteError, delegates, ptd_beside, read_ptd
+from codec_tosa.runtime.pte import NamedData, PteError, delegates, named_data_in_pte, ptd_beside, read_ptd
 from codec_tosa.targets import target_in
 
 
@@ -29,8 +29,10 @@ def needed_keys(data: bytes, path: str | Path = "<bytes>") -> dict[str, tuple[in
 
 
 def check_named_data(data: bytes, ptd: NamedData | None, pte: str | Path) -> None:
-    """Raises PteError (one line) unless `ptd` holds every key the program reads, at its size."""
-    needed = needed_keys(data, pte)
+    """Raises PteError (one line) unless `ptd` holds every key the program reads and
+    does not hold itself, at its size."""
+    in_pte = named_data_in_pte(data)
+    needed = {key: where for key, where in needed_keys(data, pte).items() if key not in in_pte}
     if not needed:
         return
     if ptd is None:

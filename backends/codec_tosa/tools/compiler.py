@@ -180,7 +180,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
         search_data = list(calibration) + held_out_inputs(calibration[0], SEARCH_SAMPLES, SEARCH_SEED)
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
-    quantized = torch.export.export(convert_pt2e(prepared), example)
+    quantized = quantizer.tag_external_weights(torch.export.export(convert_pt2e(prepared), example))
     part = target.integer_partitioner(spec)
     with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir, target.lowering():
         with arm_adapter.vela_runs_kept(vela_dir) as runs:

@@ -18,6 +18,7 @@ from codec_tosa.graph import has_empty_tensor, target_key, user_input_nodes
 from codec_tosa.planning.calibration import random_calibration
 from codec_tosa.planning.program import PlannedProgram, plan_program
 from codec_tosa.planning.provenance import option_specs, provenance_specs
+from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
 from codec_tosa.targets.vgf.target import VgfTarget
@@ -62,7 +63,9 @@ class CodecTosaPartitioner(Partitioner):
             raise ValueError("CodecTosaPartitioner: an integer VGF is Arm's: quantize with CodecQuantizer(spec), "
                              "then lower with VgfPartitioner(VgfCompileSpec()) (README, \"Python API\")")
         if spec_.ethos_u:
-            arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
+            # external weights: Vela's weight block to named data (Arm's external_block_placements)
+            arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target,
+                                                        external.TAG if spec_.external_weights else None)
             arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
             self.delegation_spec = DelegationSpec(arm_adapter.ETHOS_U_BACKEND_ID,
