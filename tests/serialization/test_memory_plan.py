@@ -76,6 +76,11 @@ def test_codes_hold_less_than_floats_at_the_peak(lowered) -> None:
     assert v.peak_live_bytes == 8 * 8 * 8 * (4 + 1)
     assert sorted(b for _, b in v.peak_tensors) == [512, 2048]
     assert z.planned_bytes >= z.peak_live_bytes and v.planned_bytes >= v.peak_live_bytes
+    # fused, the CLAMP runs inside the first convolution (Z), whose own output never
+    # exists: the peak is the second convolution's input (the CLAMP's, 2048) beside its
+    # 4-channel FP32 output (1024); at V the RESCALE runs inside it too
+    assert z.fused_peak_live_bytes == 2048 + 1024 and "tosa_conv2d_default" not in dict(z.fused_peak_tensors)
+    assert v.fused_peak_live_bytes < v.peak_live_bytes
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +102,8 @@ def test_report_prints_the_plans_of_a_stock_pte(stock_fp_pte, lowered, capsys) -
     plan = activation_plan(delegates(data)[0].payload)
     assert "activation memory: ExecuTorch's planned buffers 768 bytes" in out
     row = next(line for line in out.splitlines() if line.startswith("0 ") and "payload" in line)
-    assert row.split()[2:4] == [str(plan.peak_live_bytes), str(plan.planned_bytes)]
+    assert row.split()[2:6] == [str(plan.peak_live_bytes), str(plan.planned_bytes), str(plan.fused_peak_live_bytes),
+                                str(plan.fused_planned_bytes)]
     # stock Arm's FP32 TOSA and our policy Z are the same graph: the same plan
     ours = activation_plan(delegates(lowered("linear_head", "Z").pte)[0].payload)
     assert (ours.peak_live_bytes, ours.planned_bytes) == (plan.peak_live_bytes, plan.planned_bytes)

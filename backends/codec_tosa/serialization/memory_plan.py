@@ -15,6 +15,13 @@ last operator that reads it (a block output to after the last one). Two figures:
   meet, else above the overlapping ones in the first object it fits, else in a
   new object; the arena is the objects' sizes summed.
 
+The same two figures *fused* (`fused_peak_live_bytes`, `fused_planned_bytes`):
+with elementwise chains run inside the operator that feeds them, as
+`tosa_stats`' fused traffic counts them (docs/DESIGN.md, "Fused traffic"), so that
+only the tensors that cross a group boundary exist; what a compiler that fuses
+epilogues (Vela, a GPU compiler) would keep, e.g. an encode's MUL and CAST run
+inside the convolution whose output they encode.
+
 A graph with control flow (other regions' blocks, run by COND_IF / WHILE_LOOP)
 is planned per block; the delegate's figure is its main block's plus the largest
 other block's, as if that block ran with all of the main block's tensors alive.
@@ -25,9 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from collections import defaultdict
+from types import SimpleNamespace
+
 from tosa.TosaGraph import TosaGraph
 
-from codec_tosa.serialization.tosa_stats import CONST_OPS, TensorInfo, blocks
+from codec_tosa.serialization.tosa_stats import CONST_OPS, TensorInfo, blocks, iter_fused_groups
 
 ALIGNMENT = 16  # ExecuTorch's MemoryPlanningPass default
 
@@ -51,12 +61,19 @@ class ActivationPlan:
     # the tensors alive at the peak, largest first: (name, bytes)
     peak_tensors: list[tuple[str, int]] = field(default_factory=list)
     peak_operator: str = ""  # the operator at the peak ("name of its first output")
+    # with elementwise chains fused into their producers (module docstring)
+    fused_peak_live_bytes: int = 0
+    fused_planned_bytes: int = 0
+    fused_peak_tensors: list[tuple[str, int]] = field(default_factory=list)
 
     def to_json(self, top: int = 8) -> dict[str, Any]:
         return {"peak_live_bytes": self.peak_live_bytes, "planned_bytes": self.planned_bytes,
                 "tensors": self.tensors, "tensor_bytes": self.tensor_bytes,
                 "peak_operator": self.peak_operator,
-                "peak_tensors": [[n, b] for n, b in self.peak_tensors[:top]]}
+                "peak_tensors": [[n, b] for n, b in self.peak_tensors[:top]],
+                "fused_peak_live_bytes": self.fused_peak_live_bytes,
+                "fused_planned_bytes": self.fused_planned_bytes,
+                "fused_peak_tensors": [[n, b] for n, b in self.fused_peak_tensors[:top]]}
 
 
 def _aligned(n: int) -> int:
@@ -149,23 +166,37 @@ def _block_io(buf: bytes) -> list[tuple[list[str], list[str]]]:
 
 def activation_plan(buf: bytes) -> ActivationPlan:
     """The peak activation memory of a (whole) TOSA flatbuffer."""
+    groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for g in iter_fused_groups(buf):
+        groups[(g.region, g.block)].append(SimpleNamespace(op="GROUP", inputs=g.inputs, outputs=g.outputs))
     plans: list[ActivationPlan] = []
     for (tensors, operators), (inputs, outputs) in zip(blocks(buf), _block_io(buf)):
         lives = lifetimes(tensors, operators, inputs, outputs)
         ops = [o for o in operators if o.op not in CONST_OPS]
         peak, at, alive = _peak(lives, len(ops))
         where = ops[at] if 0 <= at < len(ops) else None
+        consts = [o for o in operators if o.op in CONST_OPS]
+        key = (operators[0].region, operators[0].block) if operators else ("", "")
+        fused_ops = groups.get(key, [])
+        fused = lifetimes(tensors, consts + fused_ops, inputs, outputs)
+        fused_peak, _, fused_alive = _peak(fused, len(fused_ops))
         plans.append(ActivationPlan(peak, greedy_arena(lives), len(lives), sum(x.nbytes for x in lives), alive,
                                     f"{where.op} {where.outputs[0]}" if where is not None and where.outputs
-                                    else ("inputs" if at < 0 else "outputs")))
+                                    else ("inputs" if at < 0 else "outputs"),
+                                    fused_peak, greedy_arena(fused), fused_alive))
     if not plans:
         return ActivationPlan()
     main, others = plans[0], plans[1:]
-    nested = max(others, key=lambda p: p.planned_bytes, default=ActivationPlan())
-    return ActivationPlan(main.peak_live_bytes + max((p.peak_live_bytes for p in others), default=0),
-                          main.planned_bytes + nested.planned_bytes,
+
+    def nested(attribute: str) -> int:
+        return max((getattr(p, attribute) for p in others), default=0)
+
+    return ActivationPlan(main.peak_live_bytes + nested("peak_live_bytes"),
+                          main.planned_bytes + nested("planned_bytes"),
                           sum(p.tensors for p in plans), sum(p.tensor_bytes for p in plans),
-                          main.peak_tensors, main.peak_operator)
+                          main.peak_tensors, main.peak_operator,
+                          main.fused_peak_live_bytes + nested("fused_peak_live_bytes"),
+                          main.fused_planned_bytes + nested("fused_planned_bytes"), main.fused_peak_tensors)
 
 
 __all__ = ["ALIGNMENT", "ActivationPlan", "Lifetime", "activation_plan", "greedy_arena", "lifetimes"]

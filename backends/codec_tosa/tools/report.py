@@ -190,15 +190,20 @@ def memory_lines(memory: dict[str, Any], table: Table) -> list[str]:
     """report.json's ``memory`` as `report` prints it."""
     lines = [f"activation memory: ExecuTorch's planned buffers {memory['executorch_planned_bytes']} bytes "
              "(forward: the delegates' inputs and outputs and the CPU operators' tensors); each TOSA delegate's "
-             "non-constant tensors, planned by liveness as ExecuTorch plans (greedy, 16-byte aligned):"]
-    lines.append(table(["TOSA delegate", "graph", "peak live bytes", "planned bytes", "tensors", "bytes without reuse",
-                        "peak at"],
-                       [[p["index"], p["tosa"], p["peak_live_bytes"], p["planned_bytes"], p["tensors"],
-                         p["tensor_bytes"], p["peak_operator"]] for p in memory["delegates"]]))
+             "non-constant tensors, planned by liveness as ExecuTorch plans (greedy, 16-byte aligned), and "
+             "fused as for fused traffic:"]
+    lines.append(table(["TOSA delegate", "graph", "peak live bytes", "planned bytes", "fused peak", "fused planned",
+                        "tensors", "bytes without reuse", "peak at"],
+                       [[p["index"], p["tosa"], p["peak_live_bytes"], p["planned_bytes"], p["fused_peak_live_bytes"],
+                         p["fused_planned_bytes"], p["tensors"], p["tensor_bytes"], p["peak_operator"]]
+                        for p in memory["delegates"]]))
     for p in memory["delegates"]:
         if p["peak_tensors"]:
             lines.append(f"alive at the peak of delegate {p['index']}: " + ", ".join(
                 f"{name} {nbytes}" for name, nbytes in p["peak_tensors"]))
+        if p["fused_peak_tensors"]:
+            lines.append("alive at its fused peak (elementwise chains inside their producers): " + ", ".join(
+                f"{name} {nbytes}" for name, nbytes in p["fused_peak_tensors"]))
     return lines
 
 
