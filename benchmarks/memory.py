@@ -234,7 +234,9 @@ def build(spec: str, directory: Path, vela: bool) -> dict[str, Any]:
 
 
 def _vela(program: Any, calibration: list, external: bool) -> dict[str, Any]:
+    from codec_tosa.runtime.pte import delegates
     from codec_tosa.spec import CodecSpec
+    from codec_tosa.targets.artefacts import delegate_file
     from codec_tosa.tools.compiler import lower_program
 
     try:
@@ -243,7 +245,10 @@ def _vela(program: Any, calibration: list, external: bool) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     vela = lowered.report.get("vela", {})
-    tosa = {d: data for d, (name, data) in enumerate(sorted(lowered.files.items())) if name.endswith(".tosa")}
+    # compile keeps delegate k's TOSA as model.tosa, model_1.tosa, ... (Ethos-U delegates in order)
+    indices = [d.index for d in delegates(lowered.pte) if d.backend_id == "EthosUBackend"]
+    tosa = {index: lowered.files[delegate_file(k, "tosa")] for k, index in enumerate(indices)
+            if delegate_file(k, "tosa") in lowered.files}
     return {"pte_bytes": len(lowered.pte), "ptd_bytes": lowered.ptd.nbytes if lowered.ptd is not None else 0,
             "sram_bytes": vela.get("sram_bytes"), "off_chip_bytes": vela.get("off_chip_bytes"),
             "memory": _memory(lowered.pte, lowered.ptd, tosa)}

@@ -198,6 +198,49 @@ def test_a_bad_ptd_is_one_line_at_validate_and_report(compiled, tmp_path, lowere
         assert err.count("\n") == 0 and "model.ptd" in err, err
 
 
+_WIDE_MODEL_FILE = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU()).eval(), (torch.randn(1, 3, 6, 6),)
+"""
+
+
+def test_the_cli_flag_writes_the_pair(tmp_path, capsys) -> None:
+    (tmp_path / "model.py").write_text(_WIDE_MODEL_FILE)
+    out = tmp_path / "out"
+    assert main(["compile", f"{tmp_path / 'model.py'}:build", "--policy", "W", "--external-weights", "--samples", "1",
+                 "-o", str(out)]) == 0
+    assert f"{out / 'model.ptd'}" in capsys.readouterr().out
+    assert main(["validate", str(out / "model.pte")]) == 0
+    assert main(["compile", f"{tmp_path / 'model.py'}:build", "--target", "vgf", "--external-weights",
+                 "-o", str(tmp_path / "vgf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar's lines
+    assert err == ("codec-tosa compile: error: --external-weights: --target vgf keeps its weights in the VGF file: "
+                   "Arm's VgfBackend has no named-data support in executorch 1.5.1")
+    assert not (tmp_path / "vgf").exists()
+
+
+def test_a_model_without_large_constants_stays_inline(tmp_path) -> None:
+    """conv 3->4 (108 INT8 weight bytes) -> relu -> conv 4->4: nothing of MIN_BYTES, so the
+    payload stays the plain flatbuffer, there is no .ptd, and save takes the bytes."""
+    from model_files import SMALL_MODEL_FILE
+
+    namespace: dict = {}
+    exec(SMALL_MODEL_FILE, namespace)
+    model, example = namespace["build"]()
+    part = CodecTosaPartitioner(CodecSpec("W", external_weights=True), calibration=small_models.calibration(example))
+    program = to_edge_transform_and_lower(torch.export.export(model, example), partitioner=[part]).to_executorch()
+    files = program_files(program)
+    (d,) = delegates(files.pte)
+    assert files.ptd is None and not external.is_external(d.payload)
+    assert max(len(c.data) for c in iter_constants(d.payload)) < external.MIN_BYTES
+    pte = save(program.buffer, part, tmp_path / "out", model=model, samples=1)
+    assert not (pte.parent / "model.ptd").exists() and validate(pte).verdict is Verdict.PASS
+
+
 def test_read_ptd_serves_views_of_the_mapped_file(compiled) -> None:
     named = read_ptd(compiled / "model.ptd")
     assert len(named) == 3 and named.nbytes == (compiled / "model.ptd").stat().st_size
@@ -214,7 +257,7 @@ def test_save_writes_the_ptd_beside_the_pte(tmp_path) -> None:
     pte = save(program, part, tmp_path / "saved", model=model, samples=2)
     assert (pte.parent / "model.ptd").is_file()
     assert validate(pte).verdict is Verdict.PASS
-    with pytest.raises(ValueError, match="pass the program manager to_executorch"):
+    with pytest.raises(ValueError, match="named data that .pte bytes do not hold: pass the program manager"):
         save(program.buffer, part, tmp_path / "bytes", model=model, samples=2)
     assert not (tmp_path / "bytes").exists()
 

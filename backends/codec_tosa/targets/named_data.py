@@ -28,11 +28,16 @@ def needed_keys(data: bytes, path: str | Path = "<bytes>") -> dict[str, tuple[in
     return needed
 
 
+def external_keys(data: bytes, path: str | Path = "<bytes>") -> dict[str, tuple[int, int | None]]:
+    """The keys of `needed_keys` the .pte does not hold itself: what a .ptd must."""
+    in_pte = named_data_in_pte(data)
+    return {key: where for key, where in needed_keys(data, path).items() if key not in in_pte}
+
+
 def check_named_data(data: bytes, ptd: NamedData | None, pte: str | Path) -> None:
     """Raises PteError (one line) unless `ptd` holds every key the program reads and
     does not hold itself, at its size."""
-    in_pte = named_data_in_pte(data)
-    needed = {key: where for key, where in needed_keys(data, pte).items() if key not in in_pte}
+    needed = external_keys(data, pte)
     if not needed:
         return
     if ptd is None:
@@ -60,4 +65,4 @@ def named_data_for(pte: str | Path, data: bytes, ptd: str | Path | None = None) 
     return named
 
 
-__all__ = ["check_named_data", "named_data_for", "needed_keys"]
+__all__ = ["check_named_data", "external_keys", "named_data_for", "needed_keys"]

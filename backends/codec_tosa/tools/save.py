@@ -23,6 +23,7 @@ from codec_tosa.quantizer.codec_quantizer import CodecQuantizer
 from codec_tosa.runtime.pte import ProgramFiles, delegates, inspect_pte, program_files
 from codec_tosa.targets import target_in, target_of
 from codec_tosa.targets.artefacts import delegate_file
+from codec_tosa.targets.named_data import external_keys
 from codec_tosa.targets.ethosu.vela_figures import vela_figures
 from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner
 from codec_tosa.tools.compiler import build_report, write_artefacts
@@ -73,10 +74,9 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     else:
         raise TypeError(f"codec_tosa.save: source must be the CodecTosaPartitioner or CodecQuantizer "
                         f"the program was made with, not {type(source).__name__}")
-    if spec.external_weights and files.ptd is None:
-        raise ValueError("codec_tosa.save: the spec asks external_weights=True and the program has no named data: "
-                         "pass the program manager to_executorch() returned, which holds the .ptd (.pte bytes "
-                         "do not)")
+    if files.ptd is None and external_keys(pte):
+        raise ValueError("codec_tosa.save: the program keeps its weights in named data that .pte bytes do not "
+                         "hold: pass the program manager to_executorch() returned, which holds the .ptd")
     assert planned.program is not None
     signature = planned.program.graph_signature
     fp32 = model.eval() if model is not None else planned.program.module()
