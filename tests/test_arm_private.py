@@ -10,8 +10,9 @@ tests/passes/test_permutes_onto_codes.py (permutes crossing codecs),
 tests/passes/test_permute_scans.py (the propagation's scans without a re-trace each; Arm's
 passes reported as steps),
 tests/runtime/test_vgf.py (VgfBackend's TOSA step, `vgf_compile`),
-tests/tools/test_integer_policies.py (`vela_compile`) and tests/serialization/test_golden.py
-(the whole lowering, byte for byte against stock).
+tests/tools/test_integer_policies.py (`vela_compile`), tests/runtime/test_external_weights_targets.py
+(`arm_vela._BLOCK_HEADER`, `_BLOCK_ALIGNMENT`: Vela's blocks read back as Arm wrote them) and
+tests/serialization/test_golden.py (the whole lowering, byte for byte against stock).
 """
 
 from __future__ import annotations

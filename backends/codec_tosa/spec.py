@@ -6,7 +6,7 @@ Errors name the Python arguments; the CLI maps them to its flags."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -85,12 +85,18 @@ class PlacementOptions:
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """What to target: the target and its TOSA spec (None: the policy's)."""
+    """What to target: the target and its TOSA spec (None: the policy's), and whether
+    the delegates' weights go to a .ptd beside the .pte (ExecuTorch named data,
+    each target through its own mechanism; a target without one refuses it:
+    `targets.base.Target.external_weights_refusal`)."""
 
     target: str = "tosa"
     tosa: str | None = None
+    external_weights: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.external_weights, bool):
+            raise ValueError(f"{_arg('external_weights', self.external_weights)}: expected True or False")
         if self.target not in TARGETS and not self.ethos_u:
             raise ValueError(f"unknown target {self.target!r}: expected {', '.join(TARGETS)} or an Ethos-U "
                              "accelerator such as ethos-u55-128 or ethos-u85-256")
@@ -260,7 +266,9 @@ class CodecSpec(QuantizationOptions, TargetOptions, PlacementOptions):
                 "custom_table": self.table is not None, "precision": self.precision,
                 "int16_domains": list(self.int16_domains), "weights": self.weights, "budget": self.budget,
                 "split_chains": self.split_chains,
-                "metric": getattr(self.metric, "__name__", None) if self.metric else None}
+                "metric": getattr(self.metric, "__name__", None) if self.metric else None,
+                # only when asked: a program with inline weights keeps its bytes
+                **({"external_weights": True} if self.external_weights else {})}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

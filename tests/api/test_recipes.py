@@ -35,6 +35,7 @@ def _recipes() -> dict[str, str]:
 RECIPES = _recipes()
 EXPECTED = {  # recipe title -> the backend id of its one delegate
     "TOSA, mixed policy": "CodecTosaBackend",
+    "External weights": "CodecTosaBackend",
     "VGF (ML SDK for Vulkan), mixed policy": "VgfBackend",
     "TOSA-1.0+INT, integer policy": "TOSABackend",
     "Ethos-U": "EthosUBackend",
@@ -97,6 +98,7 @@ def test_recipe(title: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert sqnr_db(model(*held_out).detach().numpy(), out.numpy()) >= XNNPACK_MIN_SQNR_DB
         return
     pte = tmp_path / "out" / "model.pte"
+    assert (tmp_path / "out" / "model.ptd").is_file() == ("External" in title)
     info = inspect_pte(pte.read_bytes())
     assert info.delegate_ids == (EXPECTED[title],)
     assert set(info.operators) <= IO_KERNELS, info.operators

@@ -19,7 +19,7 @@ import tosa_serializer as ts
 from executorch.backends.arm.common.arm_compile_spec import ArmCompileSpec
 from executorch.backends.arm.common.debug import debug_tosa_dump
 from executorch.backends.arm.debug.schema import DebugHook
-from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner, VelaExternalBlockPlacements
 from executorch.backends.arm.quantizer import (
     EthosUQuantizer,
     TOSAQuantizer,
@@ -40,6 +40,7 @@ from codec_tosa.arm.private import (  # noqa: F401  (re-exported: the artefacts 
     install_payload_journal,
     install_vgf_tosa_lowering,
     tosa_of_payload,
+    vela_blocks,
     vela_runs_kept,
     vgf_conversions_kept,
 )
@@ -90,10 +91,11 @@ def lower_into(
 
     Graph-owned constants (Arm's `process_node._add_const` and the CONST_SHAPE
     visitor) are added inside the serializer's `graph_owned_constants()`
-    context when it has one (`PooledTosaSerializer`), so only helper constants
-    are pooled. `dedup_const_shapes` merges identical static CONST_SHAPE FX
-    nodes after Arm's pass pipeline (in every control-flow submodule too);
-    None means "when the serializer pools", so a plain serializer still gives
+    context when it has one (`MarkingTosaSerializer`, `PooledTosaSerializer`),
+    so only helper constants are pooled and external weights know theirs.
+    `dedup_const_shapes` merges identical static CONST_SHAPE FX nodes after
+    Arm's pass pipeline (in every control-flow submodule too); None means "when
+    the serializer pools", so a plain or merely marking serializer still gives
     stock bytes. `lower_codecs` (a program that carries a codec plan) runs
     `LowerCodecsPass` inside Arm's pipeline; off, the lowering is stock.
 
@@ -103,7 +105,7 @@ def lower_into(
     debug information (``debug.json`` in JSON mode).
     """
     if dedup_const_shapes is None:
-        dedup_const_shapes = hasattr(serializer, "graph_owned_constants")
+        dedup_const_shapes = hasattr(serializer, "record_const_shape_dedup")
     options = PipelineOptions(lower_codecs=lower_codecs, dedup_const_shapes=dedup_const_shapes,
                               record_dedup=getattr(serializer, "record_const_shape_dedup", None))
     debug_mode = compile_spec.tosa_debug_mode
@@ -172,12 +174,15 @@ def compile_spec_classes() -> tuple[type, type, type]:
     return EthosUCompileSpec, VgfCompileSpec, ArmCompileSpec
 
 
-def ethos_u_compile_spec(target: str) -> Any:
-    """Arm's Ethos-U compile spec for `target` (``ethos-u55-128``, ``ethos-u85-256``, ...).
+def ethos_u_compile_spec(target: str, weights_tag: str | None = None) -> Any:
+    """Arm's Ethos-U compile spec for `target` (``ethos-u55-128``, ``ethos-u85-256``, ...);
+    with `weights_tag`, Vela's weight block goes to named data under that external tag
+    (Arm's `external_block_placements`: a .ptd beside the .pte).
 
     Raises ValueError, one line, for a target Arm does not know."""
+    placements = None if weights_tag is None else VelaExternalBlockPlacements(weight_data=weights_tag)
     try:
-        return EthosUCompileSpec(target)
+        return EthosUCompileSpec(target, external_block_placements=placements)
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"unknown Ethos-U target {target!r}: {e} (expected e.g. ethos-u55-128, "
                          "ethos-u65-256, ethos-u85-256)") from None

@@ -117,6 +117,11 @@ PRIVATE_SYMBOLS: tuple[PrivateSymbol, ...] = (
     PrivateSymbol("executorch.backends.arm.ethosu.backend", "vela_compile",
                   ("tosa_flatbuffer", "args", "verbose", "intermediate_path"),
                   "the TOSA behind an Ethos-U payload and Vela's own output are kept"),
+    # read, not replaced: the header of each block of Vela's binary stream
+    PrivateSymbol("executorch.backends.arm.arm_vela", "_BLOCK_HEADER", None,
+                  "which blocks of an Ethos-U payload are external (named data in the .ptd)"),
+    PrivateSymbol("executorch.backends.arm.arm_vela", "_BLOCK_ALIGNMENT", None,
+                  "each block's data is padded to it"),
 )
 
 
@@ -392,6 +397,30 @@ def vgf_conversions_kept(model_converter: str | None = None) -> Iterator[list[Vg
 
     with patched(vgf_backend, "vgf_compile", kept), _model_converter_found(model_converter):
         yield runs
+
+
+# --- the blocks of Vela's binary stream (issue 52) ----------------------------------
+
+def vela_blocks(payload: bytes) -> list[tuple[str, bool, bytes]]:
+    """(name, external, data) of each block of an Ethos-U payload, as Arm's `vela_compile`
+    writes them (`arm_vela._BLOCK_HEADER`: name, length, external flag, reserved; the
+    data padded to `_BLOCK_ALIGNMENT`); an external block's data is the named-data key
+    of its bytes. Raises ValueError on a stream that does not parse."""
+    from executorch.backends.arm import arm_vela
+
+    header, alignment = arm_vela._BLOCK_HEADER, arm_vela._BLOCK_ALIGNMENT
+    blocks, offset = [], 0
+    while offset < len(payload):
+        if offset + header.size > len(payload):
+            raise ValueError(f"Vela block stream truncated at byte {offset}")
+        name, length, external, _ = header.unpack_from(payload, offset)
+        start = offset + header.size
+        if start + length > len(payload):
+            raise ValueError(f"Vela block {name.rstrip(bytes(1)).decode(errors='replace')} is truncated")
+        blocks.append((name.rstrip(bytes(1)).decode(errors="replace"), bool(external),
+                       bytes(payload[start:start + length])))
+        offset = start + -(-length // alignment) * alignment
+    return blocks
 
 
 # --- the TOSA behind a VGF or Ethos-U payload ------------------------------------

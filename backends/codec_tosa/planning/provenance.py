@@ -23,9 +23,12 @@ OPTIONS = PREFIX + "options"
 
 
 def option_specs(spec: Any) -> list[CompileSpec]:
-    """The options `CodecTosaBackend.preprocess` acts on (a channel of their own)."""
-    return [CompileSpec(OPTIONS, json.dumps({"pool_constants": spec.pool_constants},
-                                            sort_keys=True).encode())]
+    """The options `CodecTosaBackend.preprocess` acts on (a channel of their own);
+    ``external_weights`` only when asked, so that an inline program keeps its bytes."""
+    options: dict[str, Any] = {"pool_constants": spec.pool_constants}
+    if spec.external_weights:
+        options["external_weights"] = True
+    return [CompileSpec(OPTIONS, json.dumps(options, sort_keys=True).encode())]
 
 
 def read_options(specs: Sequence[Any]) -> dict[str, Any]:

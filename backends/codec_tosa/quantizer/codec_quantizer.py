@@ -138,7 +138,9 @@ class CodecQuantizer(Quantizer):
             spec = CodecSpec(policy="I", target=target_of_compile_spec(spec).name)
         self.spec = spec or CodecSpec(policy="I")
         # what differs between Arm's INT flow and XNNPACK's (targets.base.Int8Flow)
-        self._flow: Int8Flow = target_of(self.spec.target).int8_flow(self.spec)
+        target = target_of(self.spec.target)
+        target.check_spec(self.spec)  # e.g. external weights on a target without named data
+        self._flow: Int8Flow = target.int8_flow(self.spec)
         # set_global / set_module_type / set_module_name (module_selection)
         self._selection = ModuleSelection(self.spec, self.spec)
         self._annotated: Annotation | None = None
@@ -439,6 +441,16 @@ class CodecQuantizer(Quantizer):
         """The FP32 graph as this quantizer annotated it (batch norms folded, Arm's
         decompositions applied): what the quantized module approximates."""
         return copy.deepcopy(self.annotation.fp32)
+
+    def tag_external_weights(self, quantized: ExportedProgram) -> ExportedProgram:
+        """The quantized program (`torch.export.export(convert_pt2e(prepared), ...)`), with
+        its constants marked for a .ptd where the target reads marks on the program
+        (XNNPACK's external constants), when the spec asks ``external_weights=True``;
+        otherwise as it is. Call it between export and `to_edge_transform_and_lower`.
+        Our delegate and Ethos-U take external weights from the partitioner's spec."""
+        if self.spec.external_weights:
+            target_of(self.spec.target).tag_external_weights(quantized)
+        return quantized
 
     def converted(self) -> torch.fx.GraphModule:
         """The quantized module `convert_pt2e` makes of the calibrated model: the graph

@@ -13,10 +13,15 @@ symbols (see ``native._command``), so both copies coexist.
 produced, read back from the C++ backend's recorder, so that validation can run
 each delegate on the reference model alone, including delegates fed by values
 the CPU computed (docs/DESIGN.md, "Validation").
+
+A program whose weights live in a .ptd (`pte.ProgramFiles`, external named
+data) runs with it: the runtime hands it to every delegate's init, and a
+recorded call's payload is its whole TOSA flatbuffer (`serialization.external`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections import defaultdict
@@ -29,12 +34,14 @@ import torch
 
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime import native
-from codec_tosa.runtime.pte import Delegate, PteError, PteInfo, TensorSpec, delegates, inspect_pte
+from codec_tosa.runtime.pte import (Delegate, NamedData, ProgramFiles, PteError, PteInfo, TensorSpec, delegates,
+                                    inspect_pte)
+from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_stats import TensorInfo, entry_io_tensors
 
 __all__ = ["DelegateCall", "NUMPY_DTYPES", "PteRunError", "run_pte", "run_pte_recorded"]
 
-PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+PteSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", ProgramFiles]
 
 class PteRunError(RuntimeError):
     """The .pte could not be loaded or run in the ExecuTorch runtime.
@@ -46,12 +53,14 @@ class PteRunError(RuntimeError):
     calls: "Sequence[DelegateCall]" = ()
 
 
-def _read(pte: PteSource) -> bytes:
+def _read(pte: PteSource) -> ProgramFiles:
+    if isinstance(pte, ProgramFiles):
+        return pte
     if isinstance(pte, (bytes, bytearray, memoryview)):
-        return bytes(pte)
+        return ProgramFiles(bytes(pte))
     path = Path(pte)
     try:
-        return path.read_bytes()
+        return ProgramFiles(path.read_bytes())
     except OSError as exc:
         raise PteRunError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -67,15 +76,16 @@ def run_pte(
     inputs: Sequence[torch.Tensor],
     method: str = "forward",
 ) -> list[torch.Tensor]:
-    """Run ``method`` of a .pte (bytes or path) on ``inputs``; return its outputs.
+    """Run ``method`` of a .pte (bytes, a path, or `ProgramFiles`: with its .ptd) on
+    ``inputs``; return its outputs.
 
     Raises PteRunError with a one-line reason if the backend library cannot be
     built or loaded, or the program cannot be parsed, loaded (e.g. a backend it
-    needs is not registered, a corrupt delegate) or run (e.g. inputs of the
-    wrong shape or dtype).
+    needs is not registered, a corrupt delegate, weights missing from the .ptd)
+    or run (e.g. inputs of the wrong shape or dtype).
     """
-    data = _read(pte)
-    return _run(data, _inspect(data), inputs, method)
+    files = _read(pte)
+    return _run(files, _inspect(files.pte), inputs, method)
 
 
 def _inspect(data: bytes) -> PteInfo:
@@ -97,7 +107,36 @@ def _load_native() -> None:
         ) from exc
 
 
-def _run(data: bytes, info: PteInfo, inputs: Sequence[torch.Tensor], method: str) -> list[torch.Tensor]:
+@functools.lru_cache(maxsize=2)  # validate runs one program on many input sets
+def _needed_weights(pte: bytes) -> tuple[tuple[int, dict[str, int]], ...]:
+    """(delegate index, key -> bytes) of each CodecTosaBackend delegate with external weights."""
+    return tuple((d.index, external.needed(d.payload)) for d in delegates(pte)
+                 if d.backend_id == BACKEND_ID and external.is_external(d.payload))
+
+
+def _missing_weights(files: ProgramFiles) -> str | None:
+    """Why a CodecTosaBackend delegate's external weights are not in the named data
+    given with the program, or None. The C++ backend refuses the same at init; this
+    names the file and the constant in one line."""
+    try:
+        needed = _needed_weights(files.pte)
+    except (PteError, external.ExternalWeightsError) as exc:
+        return str(exc)
+    for index, keys in needed:
+        for key, nbytes in keys.items():
+            blob = files.ptd.get(key) if files.ptd is not None else None
+            if files.ptd is None:
+                return (f"delegate {index} keeps its weights in named data and no .ptd was given "
+                        "(load the .ptd written with this .pte)")
+            if blob is None or len(blob) != nbytes:
+                found = "missing" if blob is None else f"{len(blob)} bytes, expected {nbytes}"
+                return (f"{files.ptd.name}: not the named data of this program: delegate {index}'s "
+                        f"weight {key} is {found}")
+    return None
+
+
+def _run(files: ProgramFiles, info: PteInfo, inputs: Sequence[torch.Tensor], method: str) -> list[torch.Tensor]:
+    data = files.pte
     _load_native()
     if info.needs_quantized_kernels:
         import executorch.kernels.quantized  # noqa: F401  (registers the kernels)
@@ -118,8 +157,14 @@ def _run(data: bytes, info: PteInfo, inputs: Sequence[torch.Tensor], method: str
             f"program delegates to backend(s) {missing} that are not registered "
             f"in this runtime (registered: {sorted(registered)})"
         )
+    missing = _missing_weights(files)
+    if missing is not None:
+        raise PteRunError(missing)
+    # the runtime reads both buffers in place (no copy) when the method initialises,
+    # at its first run: they must outlive the module
+    named = files.ptd.bytes() if files.ptd is not None else None
     try:
-        module = portable_lib._load_for_executorch_from_buffer(data)
+        module = portable_lib._load_for_executorch_from_buffer(data, named)
     except RuntimeError as exc:
         raise PteRunError(f"ExecuTorch could not load the program: {exc} ({context()})") from exc
     try:
@@ -160,7 +205,7 @@ class DelegateCall:
     payload_hash: str  # FNV-1a 64, hex (native.payload_hash)
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
-    payload: bytes = field(repr=False, default=b"")
+    payload: bytes = field(repr=False, default=b"")  # the whole TOSA flatbuffer (external weights put back)
 
 
 # TOSA dtype names at a delegate boundary (the C++ backend's ElementType set).
@@ -180,28 +225,37 @@ def run_pte_recorded(
     delegate by the hash of the payload; delegates with identical payloads are
     told apart by the order of the method's delegate-call instructions.
     """
-    data = _read(pte)
-    info = _inspect(data)
+    files = _read(pte)
+    info = _inspect(files.pte)
     _load_native()
     with tempfile.TemporaryDirectory(prefix="codec_tosa_record-") as directory:
         native.record(directory)
         try:
-            outputs = _run(data, info, inputs, method)
+            outputs = _run(files, info, inputs, method)
         except PteRunError as exc:
             try:
-                exc.calls = _read_recording(Path(directory), data, info, method, finished=False)
+                exc.calls = _read_recording(Path(directory), files, info, method, finished=False)
             except PteRunError:
                 pass  # the run's own error is the one to report
             raise
         finally:
             native.record(None)
-        return outputs, _read_recording(Path(directory), data, info, method)
+        return outputs, _read_recording(Path(directory), files, info, method)
 
 
-def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str,
+def _whole_tosa(payload: bytes, ptd: NamedData | None) -> bytes:
+    """The delegate's TOSA flatbuffer, its external weights put back from `ptd`."""
+    try:
+        return external.complete(payload, None if ptd is None else ptd.get)
+    except external.ExternalWeightsError as exc:
+        raise PteRunError(f"{ptd.name if ptd is not None else 'no .ptd'}: {exc}") from None
+
+
+def _read_recording(directory: Path, program: ProgramFiles, info: PteInfo, method: str,
                     finished: bool = True) -> list[DelegateCall]:
     """The recorded calls; `finished` False: the run failed, and a call without
     recorded outputs (the one that failed) gets none."""
+    data = program.pte
     manifest = directory / "manifest.tsv"
     if not manifest.is_file():
         return []
@@ -224,6 +278,7 @@ def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str,
              if info.method == method else [])
 
     recorded: list[DelegateCall] = []
+    whole: dict[int, bytes] = {}  # by delegate index
     for position, call in enumerate(sorted(calls)):
         digest, files = calls[call]
         candidates = by_hash.get(digest)
@@ -232,13 +287,15 @@ def _read_recording(directory: Path, data: bytes, info: PteInfo, method: str,
                               f"which no {BACKEND_ID} delegate of method {method!r} has")
         expected = order[position % len(order)] if order else -1
         delegate = next((d for d in candidates if d.index == expected), candidates[0])
-        specs_in, specs_out = entry_io_tensors(delegate.payload)
+        if delegate.index not in whole:
+            whole[delegate.index] = _whole_tosa(delegate.payload, program.ptd)
+        specs_in, specs_out = entry_io_tensors(whole[delegate.index])
         ran = finished or all(("out", i) in files for i in range(len(specs_out)))
         arrays = {role: [_load_tensor(directory, call, role, i, spec, files.get((role, i)))
                          for i, spec in enumerate(specs)]
                   for role, specs in (("in", specs_in), ("out", specs_out if ran else []))}
         recorded.append(DelegateCall(call, delegate.index, delegate.backend_id, digest,
-                                     arrays["in"], arrays["out"], delegate.payload))
+                                     arrays["in"], arrays["out"], whole[delegate.index]))
     return recorded
 
 

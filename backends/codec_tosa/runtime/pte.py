@@ -1,4 +1,4 @@
-"""The one reader of ExecuTorch program files (.pte): executorch's `_serialize` is
+"""The one reader of ExecuTorch program files (.pte, and the .ptd beside it): executorch's `_serialize` is
 private, so every look inside a .pte goes through here (docs/DESIGN.md, "Tools").
 
 It reads the program header (CPU operators, delegates, how each delegate call
@@ -6,19 +6,26 @@ is wired), extracts delegate payloads and their compile specs (our options and
 provenance), and the pooling records `CodecTosaBackend` stores as named data.
 `with_delegates_replaced` writes the one kind of .pte validation needs: the same
 program with some delegates swapped for stand-ins the runtime here can run.
+
+The .ptd beside a .pte (its external named data, ExecuTorch's flat_tensor
+format) is read here too (`read_ptd`, `NamedData`: memory-mapped, each blob a
+zero-copy view), and `program_files` takes both files from a program manager.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import mmap
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from executorch.exir import schema
 from executorch.exir._serialize import _deserialize_pte_binary, _program
 from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
 
 from codec_tosa.planning.provenance import foreign_specs, read_provenance
 from codec_tosa.runtime import BACKEND_ID
@@ -164,6 +171,15 @@ def input_derived_values(data: bytes) -> frozenset[int] | None:
     return frozenset(derived)
 
 
+def planned_buffers(data: bytes) -> dict[str, tuple[int, ...]]:
+    """ExecuTorch's own memory plan of each method: the bytes of each planned buffer
+    (`non_const_buffer_sizes`, its reserved entry 0 left out), which the runtime
+    allocates for the method's non-constant tensors (delegate inputs and outputs
+    and the CPU operators' tensors; not what a delegate allocates inside)."""
+    return {plan.name: tuple(int(n) for n in list(plan.non_const_buffer_sizes or [])[1:])
+            for plan in _program_header(data).execution_plan}
+
+
 def call_counts(data: bytes, method: str = "forward") -> tuple[Counter[str], Counter[str]]:
     """What `method` runs: delegate calls by backend id, and CPU kernel calls by
     operator (``name.overload`` where the program names an overload)."""
@@ -271,6 +287,15 @@ def delegate_provenance(data: bytes, backend_id: str = BACKEND_ID) -> dict[str, 
     return next((d.compile_specs for d in delegates(data) if d.backend_id == backend_id), {})
 
 
+def named_data_in_pte(data: bytes) -> dict[str, int]:
+    """The named data the .pte holds itself: key -> bytes (pooling records, XNNPACK's
+    inline constants, ...)."""
+    named = _deserialize_pte_binary(data).named_data
+    if named is None:
+        return {}
+    return {key: len(named.buffers[entry.buffer_index]) for key, entry in named.pte_data.items()}
+
+
 def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
     """The pooling record of one delegate of a .pte, or None (pooling off, stock .pte)."""
     named = _deserialize_pte_binary(pte_bytes).named_data
@@ -282,6 +307,113 @@ def read_pooling_stats(pte_bytes: bytes, payload: bytes) -> PoolingStats | None:
     return PoolingStats.from_json(bytes(named.buffers[entry.buffer_index]).decode())
 
 
-__all__ = ["Delegate", "DelegateCallInfo", "PteError", "PteInfo", "TensorSpec", "delegate_payload",
-           "delegate_provenance", "delegates", "input_derived_values", "inspect_pte", "read_pooling_stats",
-           "read_pte", "with_delegates_replaced"]
+# ------------------------------------------------------------------ .ptd (named data)
+
+PTD_SUFFIX = ".ptd"
+_PTD_IDENTIFIER = b"FT01"  # flat_tensor's flatbuffer file identifier, bytes 4-8
+
+
+class NamedData:
+    """The named data of a .ptd (ExecuTorch's flat_tensor format): key -> bytes,
+    each a zero-copy view of the memory-mapped file (or of the bytes given).
+
+    Opening checks what a loader would trip on later, each a one-line PteError
+    naming the file: not a .ptd, a header or flatbuffer that does not parse, a
+    segment that ends beyond the end of the file (truncated)."""
+
+    def __init__(self, data: bytes | mmap.mmap, name: str | Path = "<bytes>") -> None:
+        self.name = str(name)
+        self._data = data
+        self.nbytes = len(data)
+        view = memoryview(data)
+        if len(data) < 8 + FlatTensorHeader.EXPECTED_LENGTH or bytes(view[4:8]) != _PTD_IDENTIFIER:
+            raise PteError(f"{self.name}: not an ExecuTorch named-data file (.ptd)")
+        header = FlatTensorHeader.from_bytes(bytes(view[8:8 + FlatTensorHeader.EXPECTED_LENGTH]))
+        end = header.flatbuffer_offset + header.flatbuffer_size
+        if not header.is_valid() or end > len(data):
+            raise PteError(f"{self.name}: not a valid .ptd, truncated or corrupt (its header promises "
+                           f"{end} bytes of flatbuffer, the file has {len(data)})")
+        try:
+            flat = _deserialize_to_flat_tensor(bytes(view[:end]))
+        except Exception as e:  # noqa: BLE001 (flatc reports many ways)
+            raise PteError(f"{self.name}: not a valid .ptd, truncated or corrupt: {e}".splitlines()[0]) from None
+        base = header.segment_base_offset
+        if flat.segments and base + header.segment_data_size > len(data):
+            raise PteError(f"{self.name}: truncated: its segments need {base + header.segment_data_size} bytes, "
+                           f"the file has {len(data)}")
+        self._blobs: dict[str, memoryview] = {}
+        for entry in flat.named_data:
+            if not 0 <= entry.segment_index < len(flat.segments):
+                raise PteError(f"{self.name}: corrupt: key {entry.key} names segment {entry.segment_index} "
+                               f"of {len(flat.segments)}")
+            segment = flat.segments[entry.segment_index]
+            if base + segment.offset + segment.size > len(data):
+                raise PteError(f"{self.name}: truncated: key {entry.key} ends at byte "
+                               f"{base + segment.offset + segment.size}, the file has {len(data)}")
+            self._blobs[entry.key] = view[base + segment.offset:base + segment.offset + segment.size]
+
+    def get(self, key: str) -> memoryview | None:
+        return self._blobs.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blobs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def bytes(self) -> bytes:
+        """The whole file's bytes (what `_load_for_executorch_from_buffer` takes)."""
+        return bytes(self._data)
+
+
+def read_ptd(path: str | Path) -> NamedData:
+    """The .ptd at `path`, memory-mapped. Raises PteError (one line, naming the file)
+    when it is missing, empty or not a whole .ptd."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            if p.stat().st_size == 0:
+                raise PteError(f"{p}: empty, not a .ptd")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid after close
+    except OSError as e:
+        raise PteError(f"{p}: cannot read ({e.strerror or e})") from None
+    return NamedData(mapped, p)
+
+
+def ptd_beside(pte: str | Path) -> Path:
+    """Where the .ptd of a .pte is looked for: its name with the .ptd suffix (model.ptd)."""
+    return Path(pte).with_suffix(PTD_SUFFIX)
+
+
+@dataclass(frozen=True)
+class ProgramFiles:
+    """A .pte's bytes and the named data it was written with (None: none, all inline)."""
+
+    pte: bytes
+    ptd: NamedData | None = None
+
+
+def program_files(manager: Any) -> ProgramFiles:
+    """The .pte and .ptd an ExecuTorch program manager (`to_executorch()`) writes.
+    The Python runtime loads one .ptd with a program: named data under more than one
+    external tag is refused (one line)."""
+    pte = bytes(manager.buffer)
+    with tempfile.TemporaryDirectory(prefix="codec_tosa_ptd-") as directory:
+        manager.write_tensor_data_to_file(directory)
+        written = sorted(Path(directory).glob("*" + PTD_SUFFIX))
+        if len(written) > 1:
+            raise PteError(f"the program's named data is split over {len(written)} files "
+                           f"({', '.join(p.name for p in written)}); ExecuTorch's Python runtime loads one .ptd "
+                           "with a program: put every external tag in one")
+        if not written:
+            return ProgramFiles(pte)
+        data = written[0].read_bytes()
+    return ProgramFiles(pte, NamedData(data, written[0].name))
+
+
+__all__ = ["Delegate", "DelegateCallInfo", "NamedData", "PTD_SUFFIX", "ProgramFiles", "PteError", "PteInfo",
+           "TensorSpec", "delegate_payload", "delegate_provenance", "delegates", "input_derived_values", "inspect_pte", "named_data_in_pte", "planned_buffers", "program_files",
+           "ptd_beside", "read_pooling_stats", "read_ptd", "read_pte", "with_delegates_replaced"]

@@ -88,17 +88,17 @@ def serialized_bytes(shape: Sequence[int], dtype: ts.DType, vals: Any) -> bytes:
     return bytes(probe.data)
 
 
-class PooledTosaSerializer(ts.TosaSerializer):
-    """A `TosaSerializer` that pools helper constants per basic block."""
+class MarkingTosaSerializer(ts.TosaSerializer):
+    """A `TosaSerializer` that knows which constants are graph-owned (added inside
+    `graph_owned_constants()`, or by `addUnpooledConst`) and records where each
+    lives, as (region, block, tensor) in `owned`: what external weights move to
+    named data (`serialization.external`). It writes exactly what the plain
+    serializer writes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._pools: dict[BlockKey, dict[PoolKey, str]] = {}
-        self._aliases: dict[BlockKey, dict[str, str]] = {}
         self._graph_owned_depth = 0
-        self.stats = PoolingStats()
-
-    # -- classification -------------------------------------------------
+        self.owned: list[tuple[str, str, str]] = []
 
     @contextmanager
     def graph_owned_constants(self) -> Iterator[None]:
@@ -113,8 +113,37 @@ class PooledTosaSerializer(ts.TosaSerializer):
         self, shape: Sequence[int], dtype: ts.DType, vals: Any = None, name: str = ""
     ) -> Any:
         """Add a constant exactly as the plain serializer would (graph-owned)."""
-        self.stats.graph_owned_consts += 1
+        tensor = ts.TosaSerializer.addConst(self, list(shape), dtype, vals, name)
+        if dtype != ts.DType.SHAPE:
+            region = self.currRegion
+            self.owned.append((region.name, region.currBasicBlock.name, tensor.name))
+        return tensor
+
+    def addConst(  # noqa: N802 (the serializer's own name)
+        self, shape: Sequence[int], dtype: ts.DType, vals: Any = None, name: str = ""
+    ) -> Any:
+        if self._graph_owned_depth > 0:
+            return self.addUnpooledConst(shape, dtype, vals, name)
         return super().addConst(list(shape), dtype, vals, name)
+
+
+class PooledTosaSerializer(MarkingTosaSerializer):
+    """A `TosaSerializer` that pools helper constants per basic block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pools: dict[BlockKey, dict[PoolKey, str]] = {}
+        self._aliases: dict[BlockKey, dict[str, str]] = {}
+        self.stats = PoolingStats()
+
+    # -- classification -------------------------------------------------
+
+    def addUnpooledConst(
+        self, shape: Sequence[int], dtype: ts.DType, vals: Any = None, name: str = ""
+    ) -> Any:
+        """Add a constant exactly as the plain serializer would (graph-owned)."""
+        self.stats.graph_owned_consts += 1
+        return super().addUnpooledConst(shape, dtype, vals, name)
 
     def record_const_shape_dedup(self, removed: int, seconds: float) -> None:
         """Account for CONST_SHAPE FX nodes merged before this serializer saw them."""

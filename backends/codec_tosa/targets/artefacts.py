@@ -1,6 +1,7 @@
 """The names of the files `codec-tosa compile` writes, read back by validate and report."""
 
 PTE = "model.pte"
+PTD = "model.ptd"  # the named data (external weights) of model.pte, when it has any
 REPORT = "report.json"
 REFERENCE_IO = "reference_io.npz"
 

@@ -18,6 +18,9 @@ from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
 
 from codec_tosa.commutation.table import CommutationTable
 from codec_tosa.graph import PortGraph
+from codec_tosa.runtime.pte import ProgramFiles
+from codec_tosa.serialization import external
+from codec_tosa.targets.artefacts import PTD
 
 Annotations = Mapping[str, QuantizationAnnotation]  # by node name
 
@@ -86,9 +89,28 @@ class Target:
     runs_on = EXECUTORCH  # how `validate` runs it
     run_note = ""  # what `validate` says of how it ran
     partitioner_name = "Arm's INT partitioner"  # what lowers a CodecQuantizer program
+    # why the target cannot keep its weights in a .ptd (`CodecSpec(external_weights=True)`),
+    # in one line; "": it can, through its own mechanism
+    external_weights_refusal = ""
 
     def check_ready(self) -> None:
         """Refuses, in one line, a target whose tools are missing, before any work."""
+
+    def check_spec(self, spec: Any) -> None:
+        """Refuses, in one line, what the spec asks and the target cannot do."""
+        if getattr(spec, "external_weights", False) and self.external_weights_refusal:
+            raise ValueError(self.external_weights_refusal)
+
+    def tag_external_weights(self, program: Any) -> int:
+        """Marks a quantized program's constants for external weights where the target's
+        mechanism reads marks on the program (XNNPACK's external constants); returns how
+        many it marked. Ours and Arm's take it from the compile spec instead: 0."""
+        return 0
+
+    def named_data_keys(self, payload: bytes) -> dict[str, int | None]:
+        """The named data a delegate payload of this target reads at init: key -> bytes
+        (None: size not known here). Ours: the external weights of its payload."""
+        return dict(external.needed(payload))
 
     def int8_flow(self, spec: Any) -> Int8Flow:
         raise NotImplementedError
@@ -105,9 +127,18 @@ class Target:
         """The one-line error of a failure in the target's own lowering, or None."""
         return None
 
-    def files(self, pte: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """The files written beside the .pte, and report.json's account of them."""
+    def files(self, program: ProgramFiles) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """The files compile writes beside the .pte for the target's delegates (model.vgf,
+        ...), and report.json's account of them."""
         return {}, {}
+
+    def data_files(self, program: ProgramFiles) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """The program's named data beside the .pte, model.ptd, when its weights are
+        external (compile and `save` write it), and report.json's account of it."""
+        if program.ptd is None:
+            return {}, {}
+        return {PTD: program.ptd.bytes()}, {"ptd": {"file": PTD, "bytes": program.ptd.nbytes,
+                                                    "keys": len(program.ptd)}}
 
     def cycle_model(self, quantizer: Any, prepared: torch.fx.GraphModule, example: Sequence[Any]) -> Any:
         """What prices widths in the target's own cycles for the precision search

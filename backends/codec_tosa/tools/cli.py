@@ -115,7 +115,8 @@ def _spec(args: argparse.Namespace):
                      int16_domains=getattr(args, "int16_domains", ()) or (),
                      weights=getattr(args, "weights", "int8"),
                      weight_rounding=getattr(args, "weight_rounding", "nearest"),
-                     split_chains=getattr(args, "split_chains", False))
+                     split_chains=getattr(args, "split_chains", False),
+                     external_weights=getattr(args, "external_weights", False))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -153,7 +154,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         cases = load_input_tuples(args.inputs, example, "--inputs")
     elif example is not None:
         cases = [tuple(example)]
-    v = validate(args.pte, inputs=cases, samples=getattr(args, "samples", None), module=module)
+    v = validate(args.pte, inputs=cases, samples=getattr(args, "samples", None), module=module,
+                 ptd=getattr(args, "ptd", None))
     print("\n".join(v.lines()))
     return v.exit_status
 
@@ -161,7 +163,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from codec_tosa.tools.report import report_lines
 
-    print("\n".join(report_lines(args.pte, _table)))
+    print("\n".join(report_lines(args.pte, _table, getattr(args, "ptd", None))))
     return 0
 
 
@@ -257,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--inputs", metavar="FILE",
                    help="held-out inputs stored for validate, in --calibration's format (default: seeded "
                         "random ones)")
+    c.add_argument("--external-weights", action="store_true",
+                   help="keep the delegates' weights in model.ptd beside model.pte (ExecuTorch named data, "
+                        "loaded with the .pte; refused for vgf)")
     c.add_argument("-o", "--out", default="out", help="output directory")
     c.set_defaults(func=cmd_compile)
 
@@ -270,11 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--samples", type=_count, default=None,
                    help="held-out samples besides the example (default: all that compile stored, "
                         f"or {DEFAULT_SAMPLES} drawn)")
+    v.add_argument("--ptd", metavar="FILE",
+                   help="the program's named data (default: the .ptd beside the .pte, if there is one)")
     v.epilog = "exit status: 0 PASS, 1 FAIL, 3 INCOMPLETE (something could not be compared), 2 error"
     v.set_defaults(func=cmd_validate)
 
     r = sub.add_parser("report", help="operators, constants and traffic of a .pte's TOSA delegates (any backend)")
     r.add_argument("pte")
+    r.add_argument("--ptd", metavar="FILE",
+                   help="the program's named data (default: the .ptd beside the .pte, if there is one)")
     r.set_defaults(func=cmd_report)
 
     d = sub.add_parser("demo", help="analyze, compile, validate and report the built-in default model")
@@ -358,7 +367,7 @@ def error_line(e: BaseException, stage: str | None = None) -> str:
 
 # CodecSpec's arguments that are flags here: an error names them as Python does
 _FLAGGED = ("policy", "placement", "tosa", "target", "observer", "precision", "weights", "budget",
-            "weight_rounding", "split_chains", "fused_transcode", "symmetric_activations")
+            "weight_rounding", "split_chains", "fused_transcode", "symmetric_activations", "external_weights")
 _ARGUMENT = re.compile(rf"`({'|'.join(_FLAGGED)})`|\b({'|'.join(_FLAGGED)})=('([^']*)'|True|[-\d.]+)")
 
 

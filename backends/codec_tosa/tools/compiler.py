@@ -27,17 +27,17 @@ from codec_tosa.planning.calibration import random_calibration
 from codec_tosa.planning.program import PlannedProgram
 from codec_tosa.quantizer.codec_quantizer import CodecQuantizer, decomposed_for
 from codec_tosa.quantizer.precision import BITS4, BITS16
-from codec_tosa.runtime.pte import inspect_pte
+from codec_tosa.runtime.pte import NamedData, ProgramFiles, inspect_pte, program_files
 from codec_tosa.spec import INT8, NEAREST, CodecSpec
 from codec_tosa.targets import target_of
-from codec_tosa.targets.artefacts import PTE, REFERENCE_IO, REPORT, delegate_file
+from codec_tosa.targets.artefacts import PTD, PTE, REFERENCE_IO, REPORT, delegate_file
 from codec_tosa.targets.base import Target
 from codec_tosa.targets.ethosu.target import VelaError
 from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_operator_counts, vela_report
 from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner, NotQuantizedError
 from codec_tosa.tools.input_files import load_input_tuples
 from codec_tosa.tools.loading import export_module, load_and_export
-from codec_tosa.tools.report import program_delegates
+from codec_tosa.tools.report import memory_summary, program_delegates
 from codec_tosa.units import MIB
 from codec_tosa.validation.artefact_rounding import askable
 from codec_tosa.validation.reference_io import Reference, ReferenceIO, reference_outputs
@@ -71,6 +71,12 @@ class Lowered:
     files: dict[str, bytes] = field(default_factory=dict)  # written beside the .pte (model.vgf, ...)
     report: dict[str, Any] = field(default_factory=dict)  # target-specific figures for report.json
     edge: Any = None  # the EdgeProgramManager (VGF target), to run the program with its delegates elsewhere
+    ptd: NamedData | None = None  # the program's external named data (model.ptd), if any
+
+    @property
+    def program(self) -> ProgramFiles:
+        """The .pte with its .ptd: what runs."""
+        return ProgramFiles(self.pte, self.ptd)
 
 
 def _executorch_config(edge: Any) -> ExecutorchBackendConfig | None:
@@ -123,10 +129,14 @@ def _lower_planned(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    pte = bytes(edge.to_executorch(_executorch_config(edge)).buffer)
-    require_delegate(pte, spec, "CodecTosaPartitioner")
-    files, report = target.files(pte)
-    return Lowered(target, pte, part.planned, lowering, time.perf_counter() - t, files, report, edge)
+    program = program_files(edge.to_executorch(_executorch_config(edge)))
+    require_delegate(program.pte, spec, "CodecTosaPartitioner")
+    files, report = target.files(program)
+    data_files, data_report = target.data_files(program)
+    files.update(data_files)
+    report.update(data_report)
+    return Lowered(target, program.pte, part.planned, lowering, time.perf_counter() - t, files, report, edge,
+                   program.ptd)
 
 
 class NothingDelegated(ValueError):
@@ -187,7 +197,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
         search_data = list(calibration) + held_out_inputs(calibration[0], SEARCH_SAMPLES, SEARCH_SEED)
         quantizer.choose_precision(prepared, search_data)
     example = tuple(calibration[0])
-    quantized = torch.export.export(convert_pt2e(prepared), example)
+    quantized = quantizer.tag_external_weights(torch.export.export(convert_pt2e(prepared), example))
     part = target.integer_partitioner(spec)
     with tempfile.TemporaryDirectory(prefix="codec-tosa-vela-") as vela_dir, target.lowering():
         with arm_adapter.vela_runs_kept(vela_dir) as runs:
@@ -211,7 +221,8 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    pte = bytes(edge.to_executorch(_executorch_config(edge)).buffer)
+    program = program_files(edge.to_executorch(_executorch_config(edge)))
+    pte = program.pte
     serialisation = time.perf_counter() - t
     info = require_delegate(pte, spec, target.partitioner_name)
     t = time.perf_counter()
@@ -219,14 +230,17 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering += time.perf_counter() - t  # the plan's record is part of planning it
     # Vela's input, kept for `validate` (the .pte holds only its command stream)
     files = {delegate_file(k, "tosa"): run["tosa"] for k, run in enumerate(runs)}
-    target_files, report = target.files(pte)
+    target_files, report = target.files(program)
     files.update(target_files)
+    data_files, data_report = target.data_files(program)
+    files.update(data_files)
+    report.update(data_report)
     if spec.mixed_precision or spec.weights != INT8 or spec.weight_rounding != NEAREST:
         report["precision"] = precision_report(quantizer)
     if runs:
 
         report["vela"] = vela_report(runs, info.operators)
-    return Lowered(target, pte, planned, lowering, serialisation, files, report)
+    return Lowered(target, pte, planned, lowering, serialisation, files, report, ptd=program.ptd)
 
 
 def precision_report(quantizer: Any) -> dict[str, Any]:
@@ -350,21 +364,24 @@ def compile_module(model: str, module: tuple[torch.nn.Module, tuple[Any, ...]] |
         # oracle, so its artefact is held to eager by SQNR (docs/DESIGN.md, "XNNPACK")
         ref = reference_outputs(planned, loaded.module, loaded.inputs, held_out, spec,
                                 program.graph_signature, simulated=samples != 0 and lowered.target.simulated,
-                                budget_s=budget, artefact=askable(pte, lowered.target))
+                                budget_s=budget, artefact=askable(lowered.program, lowered.target))
         times["reference_s"] = time.perf_counter() - t
         bar.n = len(STAGES)
         bar.refresh()
     finally:
         bar.close()
 
-    report = build_report(model, spec, lowered.target, pte, planned, times, lowered.report, ref)
+    report = build_report(model, spec, lowered.target, lowered.program, planned, times, lowered.report, ref,
+                          lowered.files)
     write_artefacts(out, pte, ref.io, report, lowered.files)
     return CompileResult(out, report, tuple(lowered.files), ref.warnings, planned)
 
 
-def build_report(model: str, spec: CodecSpec, target: Target, pte: bytes, planned: PlannedProgram | None,
-                 times: dict[str, float], target_report: dict[str, Any], ref: Reference) -> dict[str, Any]:
+def build_report(model: str, spec: CodecSpec, target: Target, program: ProgramFiles,
+                 planned: PlannedProgram | None, times: dict[str, float], target_report: dict[str, Any],
+                 ref: Reference, tosa_files: dict[str, bytes] | None = None) -> dict[str, Any]:
     """report.json: the spec, the delegates as serialised, the modeled traffic."""
+    pte = program.pte
     report: dict[str, Any] = {
         "model": model,
         "spec": spec.to_json(),
@@ -374,7 +391,12 @@ def build_report(model: str, spec: CodecSpec, target: Target, pte: bytes, planne
         "times": times,
     }
     # operators, constants, unfused and fused traffic of the delegates as serialised
-    report["tosa"] = program_delegates(pte).summary()
+    found = program_delegates(pte, ptd=program.ptd)
+    report["tosa"] = found.summary()
+    # the TOSA a VGF or Ethos-U delegate was compiled from, as compile and save keep it
+    converted = {d.index: (delegate_file(k, "tosa"), tosa) for k, d in enumerate(found.other)
+                 if (tosa := (tosa_files or {}).get(delegate_file(k, "tosa"))) is not None}
+    report["memory"] = memory_summary(pte, found, converted)
     report.update(target_report)
     if planned is not None:
         tr = planned.traffic()
@@ -393,9 +415,9 @@ def build_report(model: str, spec: CodecSpec, target: Target, pte: bytes, planne
 
 def write_artefacts(out_dir: str | Path, pte: bytes, reference: ReferenceIO, report: dict[str, Any],
                     files: dict[str, bytes]) -> None:
-    """model.pte, reference_io.npz, report.json and `files` into `out_dir`: written to
-    a temporary directory first and moved in only when complete, so a failure
-    leaves no partial artefact."""
+    """model.pte, reference_io.npz, report.json and `files` (model.ptd, ...) into
+    `out_dir`: written to a temporary directory first and moved in only when
+    complete, so a failure leaves no partial artefact."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".codec-tosa-", dir=out.parent))
@@ -406,6 +428,8 @@ def write_artefacts(out_dir: str | Path, pte: bytes, reference: ReferenceIO, rep
         reference.save(tmp / REFERENCE_IO)
         (tmp / REPORT).write_text(json.dumps(report, indent=1))
         out.mkdir(parents=True, exist_ok=True)
+        if PTD not in files:  # a .ptd an earlier compile left there is not this program's
+            (out / PTD).unlink(missing_ok=True)
         for name in (PTE, REFERENCE_IO, REPORT, *files):
             (tmp / name).replace(out / name)
     finally:

@@ -20,9 +20,13 @@ from tosa.TosaGraph import TosaGraph
 from codec_tosa.arm.adapter import ETHOS_U_BACKEND_ID, VGF_BACKEND_ID
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.commutation.policy import INTEGER_POLICY
-from codec_tosa.runtime.pte import Delegate, delegates, inspect_pte, read_pooling_stats, read_pte
+from codec_tosa.runtime.pte import (Delegate, NamedData, delegates, inspect_pte, planned_buffers, read_pooling_stats,
+                                    read_pte)
+from codec_tosa.serialization import external
+from codec_tosa.serialization.memory_plan import ActivationPlan, activation_plan
 from codec_tosa.serialization.tosa_stats import TosaStats, tosa_stats
 from codec_tosa.targets.ethosu.vela_figures import MISSING, delegate_tosa, ethos_u_delegates, vela_figures
+from codec_tosa.targets.named_data import named_data_for
 from codec_tosa.units import MIB
 
 Table = Callable[[Sequence[object], Sequence[Sequence[object]]], str]
@@ -51,7 +55,13 @@ IO_KERNELS = frozenset({"quantized_decomposed::quantize_per_tensor",
 class TosaDelegate(Delegate):
     """One delegate of a program whose payload is a TOSA flatbuffer, with its statistics."""
 
-    stats: TosaStats = field(default_factory=TosaStats)
+    stats: TosaStats = field(default_factory=TosaStats)  # of the whole TOSA (external weights put back)
+    external_bytes: int = 0  # constant bytes the payload leaves to the .ptd
+    activation: ActivationPlan = field(default_factory=ActivationPlan)  # its non-constant tensors' plan
+
+    @property
+    def external(self) -> bool:
+        return external.is_external(self.payload)
 
     @property
     def backend(self) -> str:
@@ -66,9 +76,13 @@ class TosaDelegate(Delegate):
     def summary(self) -> dict[str, Any]:
         """The figures report.json records for this delegate."""
         s = self.stats
-        return {"method": self.method, "index": self.index, "backend_id": self.backend_id,
-                "tosa_spec": self.provenance.get("tosa_spec"), "payload_bytes": s.payload_bytes,
-                **_figures(s)}
+        out = {"method": self.method, "index": self.index, "backend_id": self.backend_id,
+               "tosa_spec": self.provenance.get("tosa_spec"), "payload_bytes": s.payload_bytes,
+               **_figures(s)}
+        if self.external:  # payload_bytes is the whole TOSA's; the .pte holds this much of it
+            out.update(pte_payload_bytes=len(self.payload), external_weight_bytes=self.external_bytes)
+        out["activation"] = self.activation.to_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -123,34 +137,85 @@ def sum_stats(stats: list[TosaStats]) -> TosaStats:
     return total
 
 
-def program_delegates(data: bytes, path: str | Path = "<bytes>") -> ProgramDelegates:
-    """Every delegate of a .pte; the TOSA ones with their statistics.
+def program_delegates(data: bytes, path: str | Path = "<bytes>", ptd: NamedData | None = None
+                      ) -> ProgramDelegates:
+    """Every delegate of a .pte; the TOSA ones with their statistics, of the whole
+    TOSA where its weights are in `ptd` (the .ptd written with the .pte).
 
     Raises ValueError (naming `path`) when a known TOSA backend's payload is
-    not a TOSA flatbuffer."""
+    not a TOSA flatbuffer, or its weights are not in `ptd`."""
     found = ProgramDelegates()
     for d in delegates(data, path):
-        if d.backend_id not in KNOWN_TOSA_BACKENDS and not is_tosa_flatbuffer(d.payload):
+        ours = external.is_external(d.payload)
+        if d.backend_id not in KNOWN_TOSA_BACKENDS and not ours and not is_tosa_flatbuffer(d.payload):
             found.other.append(OtherDelegate(d.method, d.index, d.backend_id, len(d.payload)))
             continue
         try:
-            stats = tosa_stats(d.payload)
+            whole = external.complete(d.payload, ptd.get if ptd is not None else None)
+        except external.ExternalWeightsError as e:
+            where = ptd.name if ptd is not None else f"{path} (no .ptd given: it keeps its weights in one)"
+            raise ValueError(f"{where}: not the named data of delegate {d.index} ({d.backend_id}): {e}") from None
+        try:
+            stats = tosa_stats(whole)
         except ValueError as e:
             raise ValueError(f"{path}: the {d.backend_id} delegate is unusable: {e}") from None
         found.tosa.append(TosaDelegate(d.method, d.index, d.backend_id, d.payload, d.compile_specs, d.arm_specs,
-                                       stats))
+                                       stats, sum(external.needed(d.payload).values()), activation_plan(whole)))
     return found
 
 
+def memory_summary(data: bytes, found: ProgramDelegates, converted: dict[int, tuple[str, bytes]] | None = None
+                   ) -> dict[str, Any]:
+    """report.json's ``memory``: ExecuTorch's planned buffers per method (what the
+    runtime allocates for the program's non-constant tensors: the delegates' inputs
+    and outputs and the CPU operators') and the activation plan of each TOSA
+    delegate's non-constant tensors (`serialization.memory_plan`; a VGF or Ethos-U
+    delegate's from the TOSA it was compiled from, `converted`: index -> (file, TOSA))."""
+    plans = [{"index": d.index, "backend_id": d.backend_id, "tosa": "payload", **d.activation.to_json()}
+             for d in found.tosa]
+    for d in found.other:
+        if converted and d.index in converted:
+            name, tosa = converted[d.index]
+            plans.append({"index": d.index, "backend_id": d.backend_id, "tosa": name,
+                          **activation_plan(tosa).to_json()})
+    buffers = planned_buffers(data)
+    return {"executorch_planned_buffers": {m: list(b) for m, b in buffers.items()},
+            "executorch_planned_bytes": sum(buffers.get("forward", ())),
+            "delegates": plans,
+            # the delegates run one after another: the largest of their plans
+            "delegate_activation_bytes": max((p["planned_bytes"] for p in plans), default=0)}
 
 
-def report_lines(pte: str | Path, table: Table) -> list[str]:
-    """The report of the .pte at `pte`; `table` formats a header and rows.
+def memory_lines(memory: dict[str, Any], table: Table) -> list[str]:
+    """report.json's ``memory`` as `report` prints it."""
+    lines = [f"activation memory: ExecuTorch's planned buffers {memory['executorch_planned_bytes']} bytes "
+             "(forward: the delegates' inputs and outputs and the CPU operators' tensors); each TOSA delegate's "
+             "non-constant tensors, planned by liveness as ExecuTorch plans (greedy, 16-byte aligned), and "
+             "fused as for fused traffic:"]
+    lines.append(table(["TOSA delegate", "graph", "peak live bytes", "planned bytes", "fused peak", "fused planned",
+                        "tensors", "bytes without reuse", "peak at"],
+                       [[p["index"], p["tosa"], p["peak_live_bytes"], p["planned_bytes"], p["fused_peak_live_bytes"],
+                         p["fused_planned_bytes"], p["tensors"], p["tensor_bytes"], p["peak_operator"]]
+                        for p in memory["delegates"]]))
+    for p in memory["delegates"]:
+        if p["peak_tensors"]:
+            lines.append(f"alive at the peak of delegate {p['index']}: " + ", ".join(
+                f"{name} {nbytes}" for name, nbytes in p["peak_tensors"]))
+        if p["fused_peak_tensors"]:
+            lines.append("alive at its fused peak (elementwise chains inside their producers): " + ", ".join(
+                f"{name} {nbytes}" for name, nbytes in p["fused_peak_tensors"]))
+    return lines
 
-    Raises ValueError naming the file when it is not a readable program or
-    holds no TOSA delegate."""
+
+def report_lines(pte: str | Path, table: Table, ptd: str | Path | None = None) -> list[str]:
+    """The report of the .pte at `pte` (with its named data: `ptd`, else the .ptd
+    beside it); `table` formats a header and rows.
+
+    Raises ValueError naming the file when it is not a readable program, holds no
+    TOSA delegate, or its .ptd is missing, truncated or another program's."""
     data = read_pte(pte)
-    found = program_delegates(data, str(pte))
+    ptd = named_data_for(pte, data, ptd)
+    found = program_delegates(data, str(pte), ptd)
     every = delegates(data, str(pte))
     tosa = delegate_tosa(every, pte)
     converted = _converted_delegates(found, tosa)
@@ -162,6 +227,8 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
     kinds = Counter(CONVERTED_FROM_TOSA[d.backend_id] for d in converted)
     lines = [f"{pte}: {len(data)} bytes; {n} TOSA delegate{'s' if n != 1 else ''}"
              + "".join(f", {k} {kind} delegate{'s' if k > 1 else ''}" for kind, k in kinds.items())]
+    if ptd is not None:
+        lines.append(f"named data: {ptd.name}, {ptd.nbytes} bytes, {len(ptd)} keys")
     if others:
         lines.append(f"other delegates (not TOSA, not described): {', '.join(others)}")
     lines += _cpu_lines(data)
@@ -175,6 +242,7 @@ def report_lines(pte: str | Path, table: Table) -> list[str]:
                       f"{d.payload_bytes} bytes, converted from {name} ({stats.payload_bytes} bytes)"]
         lines += _stats_lines(stats, table)
     lines += _vela_lines(every, tosa, Path(pte), data, table)
+    lines += [""] + memory_lines(memory_summary(data, found, {d.index: tosa[d.index] for d in converted}), table)
     if n > 1:
         total = found.total()
         lines += ["", f"total over {n} TOSA delegates: {total.operators} operators, "
@@ -242,6 +310,9 @@ def _delegate_lines(d: TosaDelegate, data: bytes, table: Table) -> list[str]:
     prov = d.provenance
     lines = [f"delegate {d.index} of method {d.method}: {d.backend_id} ({d.backend}), "
              f"payload {s.payload_bytes} bytes, TOSA spec {prov.get('tosa_spec', 'not recorded')}"]
+    if d.external:
+        lines.append(f"external weights: {len(external.needed(d.payload))} constants, {d.external_bytes} bytes "
+                     f"in the .ptd; the .pte holds {len(d.payload)} bytes of the payload")
     if d.backend_id == BACKEND_ID:
         lines.append(f"versions: {prov.get('versions')}")
         lines.append(f"spec: {prov.get('spec')}")

@@ -6,7 +6,9 @@ inputs and outputs) and report.json; a user who lowers with the public API
 the program. `save` writes the same three files for it, from the partitioner
 or quantizer that made it, and for a VgfBackend or EthosUBackend delegate the
 TOSA it was compiled from (model.tosa; the payload holds only the VGF or Vela's
-command stream), so that `codec-tosa validate` can check it to a PASS.
+command stream), so that `codec-tosa validate` can check it to a PASS. A program
+whose weights are external (`CodecSpec(external_weights=True)`) gets its named
+data beside the .pte, model.ptd.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import torch
 
 from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa.quantizer.codec_quantizer import CodecQuantizer
-from codec_tosa.runtime.pte import delegates, inspect_pte
+from codec_tosa.runtime.pte import ProgramFiles, delegates, inspect_pte, program_files
 from codec_tosa.targets import target_in, target_of
 from codec_tosa.targets.artefacts import delegate_file
+from codec_tosa.targets.named_data import external_keys
 from codec_tosa.targets.ethosu.vela_figures import vela_figures
 from codec_tosa.targets.tosa.partitioner import CodecTosaPartitioner
 from codec_tosa.tools.compiler import build_report, write_artefacts
@@ -32,7 +35,9 @@ from codec_tosa.validation.samples import DEFAULT_SAMPLES, inputs_for_specs
 def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_SAMPLES,
          inputs: Sequence[Sequence[torch.Tensor]] | None = None, model: Any = None) -> Path:
     """Write `program` (an ExecuTorch program manager, or .pte bytes) to
-    ``path/model.pte`` with ``reference_io.npz`` and ``report.json`` beside it.
+    ``path/model.pte`` with ``reference_io.npz`` and ``report.json`` beside it, and
+    ``model.ptd`` when the program keeps weights in named data (pass the manager:
+    .pte bytes do not hold the .ptd).
 
     `source` is what planned it: the `CodecTosaPartitioner` it was lowered with,
     or the calibrated `CodecQuantizer` it was quantized with (whose spec names
@@ -45,7 +50,8 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     delegate, with its Vela flags), as `codec-tosa compile` writes them. Returns the
     .pte's path.
     """
-    pte = bytes(program) if isinstance(program, (bytes, bytearray)) else bytes(program.buffer)
+    files = ProgramFiles(bytes(program)) if isinstance(program, (bytes, bytearray)) else program_files(program)
+    pte = files.pte
     info = inspect_pte(pte)
     if inputs:
         cases = [tuple(c) for c in inputs]
@@ -68,11 +74,14 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
     else:
         raise TypeError(f"codec_tosa.save: source must be the CodecTosaPartitioner or CodecQuantizer "
                         f"the program was made with, not {type(source).__name__}")
+    if files.ptd is None and external_keys(pte):
+        raise ValueError("codec_tosa.save: the program keeps its weights in named data that .pte bytes do not "
+                         "hold: pass the program manager to_executorch() returned, which holds the .ptd")
     assert planned.program is not None
     signature = planned.program.graph_signature
     fp32 = model.eval() if model is not None else planned.program.module()
     ref = reference_outputs(planned, fp32, cases[0], cases[1:], spec, signature,
-                            artefact=askable(pte, target))
+                            artefact=askable(files, target))
     if model is None:
         for s in ref.io.sets:
             s.planned = None  # the reference is that graph itself: nothing independent to hold it to
@@ -82,8 +91,10 @@ def save(program: Any, source: Any, path: str | Path, *, samples: int = DEFAULT_
                         sorted(set(info.operators)))
     if vela is not None:  # Vela re-run on the TOSA it compiled, with the delegate's own flags
         target_report["vela"] = vela
-    report = build_report("python", spec, target, pte, planned, {}, target_report, ref)
-    write_artefacts(path, pte, ref.io, report, dict(tosa.values()))
+    written, files_report = target.data_files(files)
+    target_report.update(files_report)
+    report = build_report("python", spec, target, files, planned, {}, target_report, ref, dict(tosa.values()))
+    write_artefacts(path, pte, ref.io, report, {**written, **dict(tosa.values())})
     return Path(path) / "model.pte"
 
 

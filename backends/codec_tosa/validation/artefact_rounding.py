@@ -40,7 +40,7 @@ import tosa_serializer as ts
 from codec_tosa.quiet import quiet
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import NUMPY_DTYPES, PteRunError, run_pte_recorded
-from codec_tosa.runtime.pte import PteError, delegates, input_derived_values, inspect_pte
+from codec_tosa.runtime.pte import PteError, ProgramFiles, delegates, input_derived_values, inspect_pte
 from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
@@ -59,10 +59,11 @@ class _Rounding:
     values: np.ndarray  # round(x / s), saturated to its dtype: the code minus the zero point
 
 
-def askable(pte: bytes, target: Target) -> bytes | None:
-    """`pte`, when its target's artefact can decide ambiguous codes (a TOSA delegate,
-    which the runtime runs on the reference model: module docstring); else None."""
-    return pte if target.decides_rounding else None
+def askable(program: ProgramFiles, target: Target) -> ProgramFiles | None:
+    """`program` (the .pte and its .ptd), when its target's artefact can decide
+    ambiguous codes (a TOSA delegate, which the runtime runs on the reference model:
+    module docstring); else None."""
+    return program if target.decides_rounding else None
 
 
 def rounding_names(payload: bytes) -> list[str]:
@@ -97,7 +98,7 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
         os.unlink(path)
 
 
-def artefact_roundings(pte: bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
+def artefact_roundings(pte: ProgramFiles | bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
     """Every rounding CAST's output in every TOSA delegate call the runtime makes
     on `inputs` (the program's flat inputs)."""
     runs = pte if isinstance(pte, ArtefactRuns) else ArtefactRuns(pte)
@@ -126,13 +127,13 @@ class _Direct:
 
 
 class ArtefactRuns:
-    """One .pte asked about input set after input set (the reference stage): each
+    """One program (.pte and .ptd) asked about input set after input set (the reference stage): each
     delegate's exposed copy is made once, and where the program is one delegate call
     on its own inputs the call's inputs are taken without running the program
     (after the first run), so one reference-model run per input set is left."""
 
-    def __init__(self, pte: bytes) -> None:
-        self.pte = pte
+    def __init__(self, program: ProgramFiles | bytes) -> None:
+        self.program = program if isinstance(program, ProgramFiles) else ProgramFiles(bytes(program))
         # each delegate's exposed copy, its rounding names and its output count, by payload
         self._exposed: dict[bytes, tuple[bytes, list[str], int]] = {}
         self._direct: _Direct | None = None
@@ -144,12 +145,12 @@ class ArtefactRuns:
         on `inputs` (the program's flat inputs)."""
         calls = self._direct_calls(inputs)
         if calls is None:
-            _, recorded = run_pte_recorded(self.pte, list(inputs))
+            _, recorded = run_pte_recorded(self.program, list(inputs))
             self.recorded_runs += 1
             calls = [(c.payload, c.inputs, c.delegate_index) for c in recorded]
             if not self._looked:
                 self._looked = True
-                self._direct = _direct_of(self.pte, recorded)
+                self._direct = _direct_of(self.program.pte, recorded)
         out: list[_Rounding] = []
         for call_payload, call_inputs, index in calls:
             if call_payload not in self._exposed:
@@ -240,7 +241,7 @@ class ArtefactRounding:
         return not self.unresolved
 
     @classmethod
-    def of(cls, pte: bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
+    def of(cls, pte: ProgramFiles | bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> "ArtefactRounding":
         """The artefact's roundings on `inputs` (the program's flat inputs; `pte` an
         `ArtefactRuns` to ask one program about many input sets); none
         (every encode then unresolved) where the runtime or the reference model

@@ -32,6 +32,7 @@ from torch.export.graph_signature import OutputKind
 
 from codec_tosa.planning.program import PlannedProgram
 from codec_tosa.pytrees import leaves, map_tensors, tensor_leaves
+from codec_tosa.runtime.pte import ProgramFiles
 from codec_tosa.spec import CodecSpec
 from codec_tosa.validation.artefact_rounding import ArtefactRounding, ArtefactRuns
 from codec_tosa.validation.metrics import Z_RTOL, finite_span, max_difference, sqnr_db, sqnr_warning
@@ -194,7 +195,7 @@ def _cloned(x: Any) -> Any:
 def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any], inputs: Sequence[Any],
                       held_out: Sequence[Sequence[Any]], spec: CodecSpec, signature: Any = None,
                       simulated: bool = True, budget_s: float | None = None,
-                      artefact: bytes | None = None) -> Reference:
+                      artefact: ProgramFiles | None = None) -> Reference:
     """The reference stage: eager, planned and simulated outputs of the example and
     the held-out inputs, with the allowance of the ambiguous codes. `planned` None:
     nothing was planned (the program is the model). `simulated` False skips the
@@ -205,7 +206,7 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
     at least `MIN_SAMPLES` of them, and the next one only while the time per input
     set so far says it ends within the budget (None: all of them).
 
-    `artefact`: the .pte, when its delegates are TOSA graphs the runtime runs on
+    `artefact`: the .pte (with its .ptd), when its delegates are TOSA graphs the runtime runs on
     the reference model: on an input set with too many ambiguous codes to flip
     each alone, its own rounding decides them (`tools.artefact_rounding`)."""
     cases = [tuple(inputs), *(tuple(x) for x in held_out)]

@@ -45,12 +45,15 @@ from codec_tosa.pytrees import leaves
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import PteRunError
 from codec_tosa.runtime.executorch_runner import run_pte_recorded
-from codec_tosa.runtime.pte import PteError, PteInfo, delegates, inspect_pte, read_pte, with_delegates_replaced
+from codec_tosa.runtime.pte import (NamedData, ProgramFiles, PteError, PteInfo, delegates, inspect_pte, read_pte,
+                                    with_delegates_replaced)
+from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_stats import entry_io_counts
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.targets import target_in
 from codec_tosa.targets.artefacts import REPORT, delegate_file
 from codec_tosa.targets.base import RELABELLED, TOSA_STAND_IN, VGF_EMULATION, Target
+from codec_tosa.targets.named_data import named_data_for
 from codec_tosa.targets.vgf.run import run_vgf
 from codec_tosa.validation.metrics import (SQNR_FLOOR_DB, Z_RTOL, differences, finite_span, max_difference, sqnr_db,
                                       sqnr_warning)
@@ -388,7 +391,7 @@ class _ExecuTorchRunner(_Runner):
 
     name = "runtime"
 
-    def __init__(self, data: bytes, pte: str | Path, wirings: list[DelegateWiring],
+    def __init__(self, data: ProgramFiles, pte: str | Path, wirings: list[DelegateWiring],
                  by_index: dict[int, _Delegate]) -> None:
         self.data, self.pte, self.wirings, self.by_index = data, pte, wirings, by_index
 
@@ -466,7 +469,7 @@ class Checked:
         return self.target.backend_id
 
 
-def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Checked:
+def detect_target(data: bytes, info: PteInfo, pte: str | Path, ptd: NamedData | None = None) -> Checked:
     """The delegates of the forward method that validate checks (those of the target
     `targets.target_in` prefers), the TOSA each ran from (the payload itself, or
     where the target keeps it beside the .pte, model.tosa) and the policy they were
@@ -498,7 +501,7 @@ def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Checked:
                 notes.append(f"no {tosa_file.name} beside the .pte: delegate {d.index} not run on the "
                              "reference model")
         else:  # a TOSA flatbuffer, or the target's own (XNNPACK's), which its own backend runs
-            tosa = d.payload if target.payload_is_tosa else None
+            tosa = _whole(d.payload, ptd, pte) if target.payload_is_tosa else None
         if tosa is not None:
             payload_stats(tosa, stats_path, d.backend_id)
             io_counts = entry_io_counts(tosa)
@@ -508,6 +511,14 @@ def detect_target(data: bytes, info: PteInfo, pte: str | Path) -> Checked:
                          - len(set(call.tensor_args) & set(info.inputs)))
         by_index[d.index] = _Delegate(d.index, d.backend_id, d.payload, tosa, io_counts)
     return Checked(target, by_index, spec.get("policy", "?"), bool(spec.get("reference")), notes)
+
+
+def _whole(payload: bytes, ptd: NamedData | None, pte: str | Path) -> bytes:
+    """A TOSA payload with its external weights put back from `ptd`."""
+    try:
+        return external.complete(payload, None if ptd is None else ptd.get)
+    except external.ExternalWeightsError as e:
+        raise ValidationError(f"{ptd.name if ptd is not None else pte}: {e}") from None
 
 
 def _report_entry(pte: str | Path, key: str) -> dict[str, Any]:
@@ -577,8 +588,9 @@ def input_sets(pte: str | Path, info: PteInfo, reference_io: str | Path | None,
 
 
 def make_runner(checked: Checked, data: bytes, pte: str | Path, wirings: list[DelegateWiring],
-                n_outputs: int) -> tuple[_Runner, list[str]]:
-    """What runs the program, as its target says (`Target.runs_on`), and the notes that say what it is."""
+                n_outputs: int, ptd: NamedData | None = None) -> tuple[_Runner, list[str]]:
+    """What runs the program (with its named data, `ptd`), as its target says
+    (`Target.runs_on`), and the notes that say what it is."""
     target, by_index = checked.target, checked.delegates
     notes = [target.run_note] if target.run_note else []
     if target.runs_on == VGF_EMULATION:
@@ -587,25 +599,30 @@ def make_runner(checked: Checked, data: bytes, pte: str | Path, wirings: list[De
         # each delegate replaced by a CodecTosaBackend one on its TOSA (beside the .pte, or the payload)
         stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()
                                                   if d.tosa is not None}, pte)
-        return _ExecuTorchRunner(stand_in, pte, wirings, by_index), notes
-    return _ExecuTorchRunner(data, pte, wirings, by_index), notes
+        return _ExecuTorchRunner(ProgramFiles(stand_in, ptd), pte, wirings, by_index), notes
+    return _ExecuTorchRunner(ProgramFiles(data, ptd), pte, wirings, by_index), notes
 
 
 def validate(pte: str | Path, reference_io: str | Path | None = None,
              inputs: Sequence[Sequence[Any]] | None = None, samples: int | None = None,
-             module: Callable[..., object] | None = None) -> Validation:
+             module: Callable[..., object] | None = None, ptd: str | Path | None = None) -> Validation:
     """Validate `pte` on the example and held-out samples (docs/DESIGN.md, "Validation").
 
     The input sets come from `input_sets`; `samples` caps the held-out samples
-    (None: all stored, or `DEFAULT_SAMPLES` drawn)."""
+    (None: all stored, or `DEFAULT_SAMPLES` drawn). The program runs with its named
+    data: `ptd`, else the .ptd beside it (model.ptd), which must hold every blob its
+    delegates read (`targets.named_data`)."""
     data = read_pte(pte)
     info = inspect_pte(data)
-    target = detect_target(data, info, pte)
+    named = named_data_for(pte, data, ptd)
+    target = detect_target(data, info, pte, named)
     wirings = delegate_wirings(info, target.backend_id, {i: d.io for i, d in target.delegates.items()}, pte)
     cases, ref, notes = input_sets(pte, info, reference_io, inputs, samples, module, target)
-    runner, runner_notes = make_runner(target, data, pte, wirings, len(info.outputs))
+    runner, runner_notes = make_runner(target, data, pte, wirings, len(info.outputs), named)
     result = compare(str(pte), cases, ref, runner, wirings, target, len(info.outputs))
-    result.notes[:0] = target.notes + notes + runner_notes
+    data_notes = [] if named is None else [f"named data: {named.name} ({len(named)} keys, {named.nbytes} bytes), "
+                                           "loaded with the .pte"]
+    result.notes[:0] = target.notes + data_notes + notes + runner_notes
     called = {w.delegate for w in wirings}
     result.notes += [f"delegate {i} is never called by the forward plan" for i in target.delegates if i not in called]
     return result

@@ -19,6 +19,7 @@
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/core/named_data_map.h>
 #include <executorch/runtime/platform/log.h>
 
 #include "tosa_program.h"
@@ -38,6 +39,7 @@ using executorch::runtime::DelegateHandle;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 using executorch::runtime::FreeableBuffer;
+using executorch::runtime::NamedDataMap;
 using executorch::runtime::Result;
 using executorch::runtime::Span;
 
@@ -158,6 +160,42 @@ std::string payload_hash(const void* data, size_t size) {
   return text;
 }
 
+// Copies the blob stored under `key` into `out`. get_data is the NamedDataMap
+// call for opaque blobs (load_data_into needs a tensor layout in a
+// FlatTensorDataMap and is not implemented by MergedDataMap, which the runtime
+// uses when the .pte holds named data of its own too). Under the Python
+// bindings the map reads the .ptd through an MmapDataLoader, so the
+// FreeableBuffer is an mmap (mlock'ed, errors ignored) of the blob's pages; it
+// is released as soon as it has been copied. The reference model keeps
+// constants in std::vector<uint8_t> (TosaSerializationTensor::SetData), so
+// this one copy is unavoidable.
+bool fetch_named_data(
+    const NamedDataMap* map, const std::string& key, size_t expected_size,
+    std::vector<uint8_t>* out, std::string* error) {
+  if (map == nullptr) {
+    *error = "no named data given (load this .pte's .ptd)";
+    return false;
+  }
+  Result<FreeableBuffer> buffer = map->get_data(key);
+  if (!buffer.ok()) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%x", static_cast<unsigned>(buffer.error()));
+    *error = buffer.error() == Error::NotFound
+        ? std::string("not in the named data (load this .pte's .ptd)")
+        : std::string("get_data failed with error 0x") + hex;
+    return false;
+  }
+  if (buffer->size() != expected_size) {
+    *error = "named data has " + std::to_string(buffer->size()) +
+        " bytes, the payload expects " + std::to_string(expected_size);
+    return false;
+  }
+  const auto* bytes = static_cast<const uint8_t*>(buffer->data());
+  out->assign(bytes, bytes + buffer->size());
+  buffer->Free();  // munmap now, not at scope end
+  return true;
+}
+
 // What init hands back as the DelegateHandle: the program and the hash that
 // names it in recordings.
 struct Delegate {
@@ -253,13 +291,20 @@ class CodecTosaBackend final : public BackendInterface {
   }
 
   Result<DelegateHandle*> init(
-      BackendInitContext& /*context*/,
+      BackendInitContext& context,
       FreeableBuffer* processed,
       ArrayRef<CompileSpec> /*compile_specs*/) const override {
-    // Compile specs carry provenance only; execution needs just the payload.
+    // Compile specs carry provenance only; execution needs just the payload
+    // and, for a payload with external weights, the named data it lists.
     std::string error;
-    std::unique_ptr<TosaProgram> program =
-        TosaProgram::parse(processed->data(), processed->size(), &error);
+    const NamedDataMap* named_data = context.get_named_data_map();
+    const FetchNamedData fetch = [named_data](
+        const std::string& key, size_t expected_size, std::vector<uint8_t>* out,
+        std::string* fetch_error) {
+      return fetch_named_data(named_data, key, expected_size, out, fetch_error);
+    };
+    std::unique_ptr<TosaProgram> program = TosaProgram::parse(
+        processed->data(), processed->size(), &error, &fetch);
     std::string hash = payload_hash(processed->data(), processed->size());
     // TosaProgram keeps its own copy, so the blob can go now.
     processed->Free();

@@ -239,6 +239,181 @@ const char* graph_status_name(GraphStatus status) {
   return "UNKNOWN";
 }
 
+
+// --- external weights (payload kExternalWeightsMagic) -------------------------
+//
+// Layout, little-endian:
+//   0   char[4] "CTW1"
+//   4   u32 header_size   offset of the TOSA flatbuffer, a multiple of 16
+//   8   u32 entry_count
+//   12  u32 reserved (0)
+//   16  entry_count x { u64 nbytes; u32 len + region name; u32 len + block name;
+//                       u32 len + tensor name; u32 len + named-data key }
+//   header_size: the TOSA flatbuffer; each listed tensor is a CONST whose data
+//                is empty there and is `nbytes` bytes under `key`.
+struct ExternalEntry {
+  uint64_t nbytes = 0;
+  std::string region, block, tensor, key;
+};
+
+class HeaderReader {
+ public:
+  HeaderReader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  bool u32(uint32_t* out) { return raw(out, 4); }
+  bool u64(uint64_t* out) { return raw(out, 8); }
+  bool str(std::string* out) {
+    uint32_t len = 0;
+    if (!u32(&len) || len > size_ - pos_) {
+      return false;
+    }
+    out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
+    pos_ += len;
+    return true;
+  }
+  void seek(size_t pos) { pos_ = pos; }
+
+ private:
+  bool raw(void* out, size_t n) {
+    if (n > size_ - pos_) {
+      return false;
+    }
+    std::memcpy(out, data_ + pos_, n);  // little-endian hosts only, as TOSA
+    pos_ += n;
+    return true;
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+bool parse_external_header(
+    const uint8_t* bytes, size_t size, size_t* flatbuffer_offset,
+    std::vector<ExternalEntry>* entries, std::string* error) {
+  HeaderReader reader(bytes, size);
+  reader.seek(4);
+  uint32_t header_size = 0, count = 0, reserved = 0;
+  if (!reader.u32(&header_size) || !reader.u32(&count) || !reader.u32(&reserved) ||
+      header_size % 16 != 0 || header_size < 16 || header_size >= size ||
+      reserved != 0) {
+    *error = "external-weights payload has a malformed header";
+    return false;
+  }
+  HeaderReader table(bytes, header_size);
+  table.seek(16);
+  for (uint32_t i = 0; i < count; ++i) {
+    ExternalEntry entry;
+    if (!table.u64(&entry.nbytes) || !table.str(&entry.region) ||
+        !table.str(&entry.block) || !table.str(&entry.tensor) ||
+        !table.str(&entry.key) || entry.key.empty()) {
+      *error = "external-weights payload: side table entry " +
+          std::to_string(i) + " is truncated or malformed";
+      return false;
+    }
+    entries->push_back(std::move(entry));
+  }
+  *flatbuffer_offset = header_size;
+  return true;
+}
+
+// Bytes a constant of this dtype and element count occupies in a TOSA
+// flatbuffer, or 0 when this runtime does not know (then only non-emptiness is
+// checked).
+size_t serialized_nbytes(tosa::DType dtype, size_t numel) {
+  switch (dtype) {
+    case tosa::DType_BOOL:
+    case tosa::DType_INT8:
+    case tosa::DType_FP8E4M3:
+    case tosa::DType_FP8E5M2:
+      return numel;
+    case tosa::DType_INT4:
+      return (numel + 1) / 2;
+    case tosa::DType_INT16:
+    case tosa::DType_FP16:
+    case tosa::DType_BF16:
+      return 2 * numel;
+    case tosa::DType_INT32:
+    case tosa::DType_FP32:
+      return 4 * numel;
+    case tosa::DType_INT48:
+      return 6 * numel;
+    case tosa::DType_INT64:
+      return 8 * numel;
+    default:
+      return 0;
+  }
+}
+
+// Moves each listed constant's bytes into the handler. Every entry must name
+// an existing tensor with no data whose size matches; afterwards every CONST
+// in the graph must hold data (the reference model aborts the process on a
+// CONST without data, so this must be an error here).
+bool resolve_external(
+    tosa::TosaSerializationHandler& handler,
+    const std::vector<ExternalEntry>& entries, const FetchNamedData& fetch,
+    size_t* fetched_bytes, std::string* error) {
+  *fetched_bytes = 0;
+  for (const ExternalEntry& entry : entries) {
+    tosa::TosaSerializationRegion* region = handler.GetRegionByName(entry.region);
+    tosa::TosaSerializationBasicBlock* block =
+        region ? region->GetBlockByName(entry.block) : nullptr;
+    tosa::TosaSerializationTensor* tensor =
+        block ? block->GetTensorByName(entry.tensor) : nullptr;
+    if (tensor == nullptr) {
+      *error = "external weight '" + entry.tensor + "' (" + entry.region + "/" +
+          entry.block + ") is not a tensor of the TOSA graph";
+      return false;
+    }
+    if (!tensor->GetData().empty()) {
+      *error = "external weight '" + entry.tensor +
+          "' already has data in the TOSA graph";
+      return false;
+    }
+    size_t numel = 1;
+    for (int32_t dim : tensor->GetShape()) {
+      numel *= dim < 0 ? 0 : static_cast<size_t>(dim);
+    }
+    const size_t expected = serialized_nbytes(tensor->GetDtype(), numel);
+    if (expected != 0 && expected != entry.nbytes) {
+      *error = "external weight '" + entry.tensor + "' is declared " +
+          std::to_string(entry.nbytes) + " bytes, its shape and dtype need " +
+          std::to_string(expected);
+      return false;
+    }
+    std::vector<uint8_t> data;
+    std::string fetch_error;
+    if (!fetch(entry.key, entry.nbytes, &data, &fetch_error)) {
+      *error = "weight " + entry.tensor + " " + entry.key + ": " + fetch_error;
+      return false;
+    }
+    if (data.size() != entry.nbytes) {
+      *error = "external weight '" + entry.tensor + "' (key " + entry.key +
+          ") has " + std::to_string(data.size()) + " bytes in the named data, " +
+          "the payload expects " + std::to_string(entry.nbytes);
+      return false;
+    }
+    *fetched_bytes += data.size();
+    tensor->SetData(std::move(data));
+  }
+  for (auto& region : handler.GetRegions()) {
+    for (auto& block : region->GetBlocks()) {
+      for (auto& op : block->GetOperators()) {
+        if (op->GetOp() != tosa::Op_CONST) {
+          continue;
+        }
+        for (const std::string& name : op->GetOutputNames()) {
+          tosa::TosaSerializationTensor* tensor = block->GetTensorByName(name);
+          if (tensor != nullptr && tensor->GetData().empty()) {
+            *error = "CONST '" + name + "' has no data (an external weight "
+                     "not listed in the payload's side table?)";
+            return false;
+          }
+        }
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 const char* element_type_name(ElementType type) {
@@ -282,6 +457,7 @@ struct TosaProgram::Impl {
   tosa::TosaSerializationHandler handler;
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  size_t external_bytes = 0;
 };
 
 TosaProgram::TosaProgram(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -293,15 +469,35 @@ const std::vector<TensorSpec>& TosaProgram::inputs() const {
 const std::vector<TensorSpec>& TosaProgram::outputs() const {
   return impl_->outputs;
 }
+size_t TosaProgram::external_bytes() const {
+  return impl_->external_bytes;
+}
 
 std::unique_ptr<TosaProgram> TosaProgram::parse(
-    const void* data, size_t size, std::string* error) {
+    const void* data, size_t size, std::string* error,
+    const FetchNamedData* fetch) {
   if (data == nullptr || size < 8) {
     *error = "TOSA payload is empty or truncated (" + std::to_string(size) +
         " bytes)";
     return nullptr;
   }
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  std::vector<ExternalEntry> external;
+  const bool has_external =
+      std::memcmp(bytes, kExternalWeightsMagic, sizeof kExternalWeightsMagic) == 0;
+  if (has_external) {
+    size_t offset = 0;
+    if (!parse_external_header(bytes, size, &offset, &external, error)) {
+      return nullptr;
+    }
+    if (fetch == nullptr) {
+      *error = "payload keeps its weights in named data, and no named data "
+               "map was given";
+      return nullptr;
+    }
+    bytes += offset;
+    size -= offset;
+  }
 
   // The serialization handler trusts its input; verify first so that a
   // corrupt or foreign payload is an error, not a crash.
@@ -316,6 +512,10 @@ std::unique_ptr<TosaProgram> TosaProgram::parse(
   auto impl = std::make_unique<Impl>();
   tosa::TosaSerializationHandler& handler = impl->handler;
   if (!load_handler(bytes, size, &handler, error)) {
+    return nullptr;
+  }
+  if (has_external &&
+      !resolve_external(handler, external, *fetch, &impl->external_bytes, error)) {
     return nullptr;
   }
   tosa::TosaSerializationBasicBlock& block =

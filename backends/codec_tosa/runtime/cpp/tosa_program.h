@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,14 +29,36 @@ struct TensorSpec {
   size_t nbytes;
 };
 
+// Fetches the bytes stored under a named-data key into `out` (resized to the
+// blob's size). Returns false and fills `error` if the key cannot be read.
+// The ExecuTorch glue implements it over the delegate's NamedDataMap.
+using FetchNamedData = std::function<bool(
+    const std::string& key, size_t expected_size, std::vector<uint8_t>* out,
+    std::string* error)>;
+
+// The magic of a payload whose large constants live in named data
+// ("external weights"): a small header (the side table) followed by the TOSA
+// flatbuffer in which those constants have no data. See parse().
+constexpr char kExternalWeightsMagic[4] = {'C', 'T', 'W', '1'};
+
 class TosaProgram {
  public:
   // Verifies and parses `size` bytes of a TOSA flatbuffer into a deep copy
   // (the caller may free `data` afterwards), and checks that the reference
   // model accepts the main block. Returns nullptr and fills `error` on
   // failure.
+  //
+  // A payload that starts with kExternalWeightsMagic is a side table plus a
+  // skeleton flatbuffer; each listed constant's bytes are fetched through
+  // `fetch` (which must then be non-null) and moved into the parsed graph, so
+  // the reference model sees the complete graph.
   static std::unique_ptr<TosaProgram> parse(
-      const void* data, size_t size, std::string* error);
+      const void* data, size_t size, std::string* error,
+      const FetchNamedData* fetch = nullptr);
+
+  // Bytes of constant data fetched from named data by parse() (0 for an
+  // inline payload).
+  size_t external_bytes() const;
 
   ~TosaProgram();
   TosaProgram(const TosaProgram&) = delete;

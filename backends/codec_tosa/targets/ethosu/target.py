@@ -1,6 +1,12 @@
 """Ethos-U: Arm's EthosUBackend, Vela's command stream. Nothing here runs that
 stream: validate runs the TOSA Vela was given (model.tosa beside the .pte) in its
-place, and report shows Vela's own figures (`vela_summary`, `vela_figures`)."""
+place, and report shows Vela's own figures (`vela_summary`, `vela_figures`).
+
+External weights are Arm's own mechanism: `external_block_placements` puts Vela's
+weight block in named data under the tag codec_tosa uses (model.ptd); Arm's
+Ethos-U runtime (`vela_bin_read`) fetches it at init through the delegate's named
+data map and keeps only its address, so the .ptd must stay where the loader put it
+(a `BufferDataLoader` over flash or DRAM on a board, docs/DESIGN.md, "External weights")."""
 
 from __future__ import annotations
 
@@ -43,6 +49,15 @@ class EthosUTarget(Target):
 
     def integer_partitioner(self, spec: Any) -> Any:
         return CodecTosaPartitioner(spec)
+
+    def named_data_keys(self, payload: bytes) -> dict[str, int | None]:
+        """Vela's external blocks (the weight block, with external weights): the key each
+        one's data holds. Their size is not in the stream (the runtime takes the blob)."""
+        try:
+            blocks = arm_adapter.vela_blocks(payload)
+        except ValueError:
+            return {}  # not Vela's stream: nothing this target reads from named data
+        return {data.decode("ascii", errors="replace"): None for _, ext, data in blocks if ext}
 
     def cycle_model(self, quantizer: Any, prepared: torch.fx.GraphModule, example: Sequence[Any]) -> Any:
         return VelaCycles(quantizer, prepared, example, self.name)

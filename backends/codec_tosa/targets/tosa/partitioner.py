@@ -18,8 +18,10 @@ from codec_tosa.graph import has_empty_tensor, target_key, user_input_nodes
 from codec_tosa.planning.calibration import random_calibration
 from codec_tosa.planning.program import PlannedProgram, plan_program
 from codec_tosa.planning.provenance import option_specs, provenance_specs
+from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
+from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
 
@@ -61,7 +63,9 @@ class CodecTosaPartitioner(Partitioner):
             raise ValueError("CodecTosaPartitioner: an integer VGF is Arm's: quantize with CodecQuantizer(spec), "
                              "then lower with VgfPartitioner(VgfCompileSpec()) (README, \"Python API\")")
         if spec_.ethos_u:
-            arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target)
+            # external weights: Vela's weight block to named data (Arm's external_block_placements)
+            arm_spec = arm_adapter.ethos_u_compile_spec(spec_.target,
+                                                        external.TAG if spec_.external_weights else None)
             arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.ethos_u_partitioner(arm_spec, additional_checks=checks)
             self.delegation_spec = DelegationSpec(arm_adapter.ETHOS_U_BACKEND_ID,
@@ -71,6 +75,7 @@ class CodecTosaPartitioner(Partitioner):
             arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=checks)
             if spec_.target == "vgf":
+                VgfTarget().check_spec(spec_)
                 # ExecuTorch lowers a VgfBackend delegate with Arm's VgfBackend, whose
                 # TOSA step then runs ours for a program that carries our plan
                 arm_adapter.install_vgf_tosa_lowering(_lower_planned_tosa, str(_model_converter()))
@@ -174,8 +179,7 @@ def _require_quantized(ep: ExportedProgram, spec: CodecSpec) -> None:
 
 def _lower_planned_tosa(edge_program: ExportedProgram, arm_spec: Any) -> bytes:
     """Our TOSA lowering for a VgfBackend delegate (pooling on, as CodecTosaBackend's default)."""
-    payload, _ = lower_to_tosa(edge_program, arm_spec, pool_constants=True)
-    return payload
+    return lower_to_tosa(edge_program, arm_spec, pool_constants=True).payload
 
 
 def _model_converter() -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, ContextManager
 
 from codec_tosa.arm import adapter as arm_adapter
-from codec_tosa.runtime.pte import delegates
+from codec_tosa.runtime.pte import ProgramFiles, delegates
 from codec_tosa.serialization.tosa_stats import tosa_stats
 from codec_tosa.targets.arm_int8_flow import ArmInt8Flow
 from codec_tosa.targets.artefacts import delegate_file
@@ -26,6 +26,8 @@ class VgfTarget(Target):
     runs_on = VGF_EMULATION
     run_note = ("this ExecuTorch runtime has no VgfBackend: each VGF ran on the ML SDK emulation "
                 "layer (lavapipe) instead, and the CPU part of the program did not run")
+    external_weights_refusal = ("external_weights=True: target='vgf' keeps its weights in the VGF file: Arm's "
+                                "VgfBackend has no named-data support in executorch 1.5.1")
 
     def int8_flow(self, spec: Any) -> Int8Flow:
         return ArmInt8Flow(spec.tosa_spec, None)
@@ -43,11 +45,11 @@ class VgfTarget(Target):
             return conversion_error("VgfBackend delegate", str(error).split("Stderr:", 1)[-1], 1)
         return None
 
-    def files(self, pte: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
+    def files(self, program: ProgramFiles) -> tuple[dict[str, bytes], dict[str, Any]]:
         """model.vgf and model.tosa of each VgfBackend delegate, and report.json's account of them."""
         files: dict[str, bytes] = {}
         report = []
-        vgfs = [d.payload for d in delegates(pte) if d.backend_id == self.backend_id]
+        vgfs = [d.payload for d in delegates(program.pte) if d.backend_id == self.backend_id]
         for i, vgf in enumerate(vgfs):
             tosa = arm_adapter.tosa_of_payload(vgf)
             if tosa is None:
