@@ -30,7 +30,10 @@ Usage (from the repository root)::
     OMP_NUM_THREADS=1 python benchmarks/memory.py [--models mobilenet_v2,ds_cnn,...]
         [--repeats 3] [--vela] [--json benchmarks/results/memory.json]
 
-``smollm2@N`` is SmolLM2 with N decoder layers (``smollm2`` alone: all 30).
+``NAME@N`` is the transformer NAME (smollm2, smollm2_decode, siglip) with N layers
+(``smollm2`` alone: all 30). ``--flows`` picks some of the flows (for the full-depth
+transformers, whose activations per layer are those of a shallow copy: only the
+files change with depth).
 """
 
 from __future__ import annotations
@@ -130,11 +133,12 @@ def _env() -> dict[str, str]:
 # ------------------------------------------------------------------ building one model's flows
 
 def _builder(spec: str) -> Any:
-    from codec_tosa_examples.models import BUILTIN_MODELS, smollm2
+    """A built-in model, or ``name@N``: the transformer `name` with N layers."""
+    from codec_tosa_examples.models import BUILTIN_MODELS
 
-    if spec.startswith("smollm2@"):
-        layers = int(spec.split("@", 1)[1])
-        return lambda: smollm2(num_layers=layers)
+    name, _, layers = spec.partition("@")
+    if layers:
+        return lambda: BUILTIN_MODELS[name](num_layers=int(layers))
     return BUILTIN_MODELS[spec]
 
 
@@ -177,7 +181,7 @@ def _memory(pte: bytes, ptd: Any = None, tosa: dict[int, bytes] | None = None) -
                ("peak_live_bytes", "planned_bytes", "fused_peak_live_bytes", "fused_planned_bytes")}}
 
 
-def build(spec: str, directory: Path, vela: bool) -> dict[str, Any]:
+def build(spec: str, directory: Path, vela: bool, flows_wanted: tuple[str, ...] = FLOWS) -> dict[str, Any]:
     """Lower every flow of one model into `directory`; their files and static figures."""
     import numpy as np
     import torch
@@ -199,7 +203,7 @@ def build(spec: str, directory: Path, vela: bool) -> dict[str, Any]:
     calibration = [tuple(example)] + random_calibration(tuple(example), 3)
     np.savez(directory / "inputs.npz", **{f"input_{i}": t.numpy() for i, t in enumerate(example)})
     flows: dict[str, Any] = {}
-    for name in FLOWS:
+    for name in flows_wanted:
         started = time.perf_counter()
         row: dict[str, Any] = {}
         try:
@@ -256,10 +260,11 @@ def _vela(program: Any, calibration: list, external: bool) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the driver
 
-def run_model(spec: str, repeats: int, vela: bool) -> dict[str, Any]:
+def run_model(spec: str, repeats: int, vela: bool, flows: tuple[str, ...] = FLOWS) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="codec-tosa-memory-") as d:
         directory = Path(d)
-        command = [sys.executable, __file__, "--build", spec, "--dir", str(directory)] + (["--vela"] if vela else [])
+        command = ([sys.executable, __file__, "--build", spec, "--dir", str(directory), "--flows", ",".join(flows)]
+                   + (["--vela"] if vela else []))
         done = subprocess.run(command, capture_output=True, text=True, env=_env())
         line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("{")), None)
         if done.returncode != 0 or line is None:
@@ -315,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per load measurement")
     parser.add_argument("--vela", action="store_true", help="also policy I on ethos-u85-256: Vela's SRAM, off-chip")
+    parser.add_argument("--flows", default=",".join(FLOWS), help=f"some of {', '.join(FLOWS)}")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "memory.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--ptd", help=argparse.SUPPRESS)
@@ -322,24 +328,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    flows = tuple(f for f in args.flows.split(",") if f)
+    unknown = [f for f in flows if f not in FLOWS]
+    if unknown:
+        parser.error(f"--flows: unknown flow {unknown[0]} (known: {', '.join(FLOWS)})")
     if args.child:
         print(json.dumps(child(args.child, args.ptd, args.inputs)))
         return 0
     if args.build:
         try:
-            print(json.dumps(build(args.build, Path(args.dir), args.vela)))
+            print(json.dumps(build(args.build, Path(args.dir), args.vela, flows)))
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             return 1
         return 0
+    out = Path(args.json)
+    # the JSON keeps the other models' rows of earlier runs: a run of one model updates its own
+    kept = json.loads(out.read_text())["models"] if out.is_file() else []
     results = []
     for spec in [m for m in args.models.split(",") if m]:
         started = time.perf_counter()
-        results.append(run_model(spec, args.repeats, args.vela))
+        results.append(run_model(spec, args.repeats, args.vela, flows))
         print(f"{spec}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        out = Path(args.json)
+        done = {r["model"] for r in results}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"models": results, "repeats": args.repeats}, indent=1))
+        out.write_text(json.dumps({"models": [r for r in kept if r["model"] not in done] + results,
+                                   "repeats": args.repeats}, indent=1))
     print(table(results))
     return 0
 

@@ -23,7 +23,7 @@ from codec_tosa.runtime.pte import NamedData, ProgramFiles, PteError, delegates,
 from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_stats import iter_constants
 from codec_tosa.tools.cli import as_flags, main
-from codec_tosa.tools.compiler import compile_module
+from codec_tosa.tools.compiler import compile_module, lower_program
 from codec_tosa.tools.report import report_lines
 from codec_tosa.validation.reference_model import run_reference_model
 from codec_tosa.validation.validate import Verdict, validate
@@ -268,3 +268,33 @@ def test_the_option_is_checked_and_vgf_refuses_it_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"target='vgf' keeps its weights in the VGF file: .*executorch 1\.5\.1"):
         CodecTosaPartitioner(CodecSpec("W", target="vgf", external_weights=True))
     assert as_flags("external_weights=True: target='vgf' keeps") == "--external-weights: --target vgf keeps"
+
+
+class _Lookup(torch.nn.Module):
+    """An embedding table (which stays on the CPU: its indices are integers) feeding a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(256, 64)
+        self.head = torch.nn.Linear(64, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(tokens))
+
+
+def test_the_cpu_operators_constants_go_to_the_same_ptd() -> None:
+    """SmolLM2's embedding table runs on the CPU: with external weights its table is in
+    model.ptd beside the delegate's weights, and the .pte holds no large tensor."""
+    torch.manual_seed(0)
+    model = _Lookup().eval()
+    tokens = [torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    program = lambda: torch.export.export(model, (tokens[0],))  # noqa: E731
+    inline = lower_program(program(), CodecSpec("W"), [(t,) for t in tokens[:2]])
+    ext = lower_program(program(), CodecSpec("W", external_weights=True), [(t,) for t in tokens[:2]])
+    table = model.table.weight.detach().numpy().tobytes()
+    assert table in inline.pte and table not in ext.pte
+    assert ext.ptd is not None and any(bytes(ext.ptd.get(k)) == table for k in ext.ptd)
+    assert len(ext.pte) < len(table) < len(inline.pte)
+    for t in tokens:  # held-out tokens too: the same outputs, bit for bit
+        got, want = run_pte(ext.program, [t]), run_pte(inline.pte, [t])
+        assert [g.numpy().tobytes() for g in got] == [w.numpy().tobytes() for w in want]

@@ -65,6 +65,15 @@ _HEAD = struct.Struct("<4sIII")
 Where = tuple[str, str, str]  # (region, basic block, tensor) of a constant
 
 
+def cpu_constant_tag(node: Any) -> str | None:
+    """ExecuTorch's `ExecutorchBackendConfig(external_constants=...)` for a program with
+    external weights: a CPU operator's constant (an embedding table the CPU looks up)
+    goes to the same model.ptd as the delegates' weights, or stays inline (None) when
+    too small to pay for its .ptd segment's alignment."""
+    spec = node.meta.get("spec")
+    return TAG if (getattr(spec, "allocated_memory", 0) or 0) >= MIN_BYTES else None
+
+
 class ExternalWeightsError(ValueError):
     """A payload with external weights that is malformed, or its named data that does not fit it."""
 
@@ -234,5 +243,5 @@ def needed(payload: bytes) -> dict[str, int]:
     return {e.key: e.nbytes for e in unpack(payload)[0]}
 
 
-__all__ = ["ALIGNMENT", "Entry", "ExternalWeightsError", "MAGIC", "MIN_BYTES", "TAG", "complete", "externalize",
+__all__ = ["ALIGNMENT", "Entry", "ExternalWeightsError", "MAGIC", "MIN_BYTES", "TAG", "complete", "cpu_constant_tag", "externalize",
            "is_external", "needed", "pack", "unpack", "weight_key"]

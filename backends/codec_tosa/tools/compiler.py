@@ -28,6 +28,7 @@ from codec_tosa.planning.program import PlannedProgram
 from codec_tosa.quantizer.codec_quantizer import CodecQuantizer, decomposed_for
 from codec_tosa.quantizer.precision import BITS4, BITS16
 from codec_tosa.runtime.pte import NamedData, ProgramFiles, inspect_pte, program_files
+from codec_tosa.serialization import external
 from codec_tosa.spec import INT8, NEAREST, CodecSpec
 from codec_tosa.targets import target_of
 from codec_tosa.targets.artefacts import PTD, PTE, REFERENCE_IO, REPORT, delegate_file
@@ -79,17 +80,25 @@ class Lowered:
         return ProgramFiles(self.pte, self.ptd)
 
 
-def _executorch_config(edge: Any) -> ExecutorchBackendConfig | None:
-    """`to_executorch`'s configuration: the state of every buffer the program mutates
-    (a KV cache a prompt filled) serialised with it, as export_llama does for its
-    k_cache/v_cache on Arm's backends; by default ExecuTorch keeps only such a
-    buffer's shape and dtype, and the runtime starts from zeros where eager, the
-    simulation and the reference outputs start from its state (issue 51). None (the
-    default configuration) for a program that mutates no buffer."""
+def _executorch_config(edge: Any, spec: CodecSpec) -> ExecutorchBackendConfig | None:
+    """`to_executorch`'s configuration, None where the default serves:
+      - the state of every buffer the program mutates (a KV cache a prompt filled)
+        serialised with it, as export_llama does for its k_cache/v_cache on Arm's
+        backends; by default ExecuTorch keeps only such a buffer's shape and dtype,
+        and the runtime would start from zeros where eager, the simulation and the
+        reference outputs start from its state (issue 51);
+      - with external weights, the CPU operators' constants (SmolLM2's embedding
+        table) in the same .ptd as the delegates' (ExecuTorch's external constants,
+        under codec_tosa's tag), so that the .pte holds no large tensor."""
     sig = edge.exported_program().graph_signature
     mutated = set(sig.buffers_to_mutate.values())
-    names = [spec.arg.name for spec in sig.input_specs if spec.kind == InputKind.BUFFER and spec.target in mutated]
-    return ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(names)]) if names else None
+    names = [s.arg.name for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target in mutated]
+    config: dict[str, Any] = {}
+    if names:
+        config["passes"] = [InitializedMutableBufferPass(names)]
+    if spec.external_weights:
+        config["external_constants"] = external.cpu_constant_tag
+    return ExecutorchBackendConfig(**config) if config else None
 
 
 def lower_program(program: ExportedProgram, spec: CodecSpec,
@@ -129,7 +138,7 @@ def _lower_planned(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    program = program_files(edge.to_executorch(_executorch_config(edge)))
+    program = program_files(edge.to_executorch(_executorch_config(edge, spec)))
     require_delegate(program.pte, spec, "CodecTosaPartitioner")
     files, report = target.files(program)
     data_files, data_report = target.data_files(program)
@@ -221,7 +230,7 @@ def _lower_quantized(program: ExportedProgram, spec: CodecSpec, target: Target,
     lowering = time.perf_counter() - t
     t = time.perf_counter()
     lowering_progress.stage(lowering_progress.SERIALISATION)
-    program = program_files(edge.to_executorch(_executorch_config(edge)))
+    program = program_files(edge.to_executorch(_executorch_config(edge, spec)))
     pte = program.pte
     serialisation = time.perf_counter() - t
     info = require_delegate(pte, spec, target.partitioner_name)
