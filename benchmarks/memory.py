@@ -187,6 +187,7 @@ def build(spec: str, directory: Path, vela: bool, flows_wanted: tuple[str, ...] 
     import torch
 
     from codec_tosa.planning.calibration import random_calibration
+    from codec_tosa.pytrees import tensor_leaves
     from codec_tosa.runtime import BACKEND_ID
     from codec_tosa.runtime.pte import delegates, with_delegates_replaced
     from codec_tosa.spec import CodecSpec
@@ -201,7 +202,8 @@ def build(spec: str, directory: Path, vela: bool, flows_wanted: tuple[str, ...] 
     loaded = export_module(spec, model.eval(), example)
     model, example = loaded.module, loaded.inputs
     calibration = [tuple(example)] + random_calibration(tuple(example), 3)
-    np.savez(directory / "inputs.npz", **{f"input_{i}": t.numpy() for i, t in enumerate(example)})
+    # the runtime's inputs: the example's tensors, flattened (a decode step's {"input_pos": ...})
+    np.savez(directory / "inputs.npz", **{f"input_{i}": t.numpy() for i, t in enumerate(tensor_leaves(example))})
     flows: dict[str, Any] = {}
     for name in flows_wanted:
         started = time.perf_counter()
@@ -287,32 +289,83 @@ def _mib(n: Any) -> str:
     return "-" if n is None else f"{n / MIB:.2f}"
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    header = ["model", "flow", ".pte KiB", ".ptd KiB", "load s", "load peak MiB", "run peak MiB", "= inline",
-              "ET planned KiB", "peak live KiB", "planned KiB", "fused peak KiB", "Vela SRAM KiB", "off-chip KiB"]
-    rows = []
+HEADER = ["model", "flow", ".pte KiB", ".ptd KiB", "load s", "load peak MiB", "run peak MiB", "= inline",
+          "ET planned KiB", "peak live KiB", "planned KiB", "fused peak KiB", "Vela SRAM KiB", "off-chip KiB"]
+
+
+def _kib(n: Any) -> str:
+    return "-" if n is None else f"{n / 1024:.1f}"
+
+
+def rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per model and flow, the cells of `HEADER`."""
+    out = []
     for r in results:
         if "error" in r:
-            rows.append([r["model"], "error: " + r["error"]] + [""] * (len(header) - 2))
+            out.append([r["model"], "error: " + r["error"]] + [""] * (len(HEADER) - 2))
             continue
         for name, f in r["flows"].items():
             if "error" in f:
-                rows.append([r["model"], name, "error: " + f["error"]] + [""] * (len(header) - 3))
+                out.append([r["model"], name, "error: " + f["error"]] + [""] * (len(HEADER) - 3))
                 continue
             load, mem = f.get("load", {}), f.get("memory", {})
-            kib = lambda n: "-" if n is None else f"{n / 1024:.1f}"  # noqa: E731
-            rows.append([r["model"], name, kib(f["pte_bytes"]), kib(f["ptd_bytes"]),
-                         f"{load['load_s']:.3f}" if "load_s" in load else "-",
-                         _mib(load.get("load_peak_bytes")), _mib(load.get("run_peak_bytes")),
-                         {True: "yes", False: "NO"}.get(f.get("bit_identical_to_inline"), ""),
-                         kib(mem.get("executorch_planned_bytes")), kib(mem.get("peak_live_bytes")),
-                         kib(mem.get("planned_bytes")), kib(mem.get("fused_peak_live_bytes")),
-                         kib(f.get("sram_bytes")), kib(f.get("off_chip_bytes"))])
-    cells = [header] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+            out.append([r["model"], name, _kib(f["pte_bytes"]), _kib(f["ptd_bytes"]),
+                        f"{load['load_s']:.3f}" if "load_s" in load else "-",
+                        _mib(load.get("load_peak_bytes")), _mib(load.get("run_peak_bytes")),
+                        {True: "yes", False: "NO"}.get(f.get("bit_identical_to_inline"), ""),
+                        _kib(mem.get("executorch_planned_bytes")), _kib(mem.get("peak_live_bytes")),
+                        _kib(mem.get("planned_bytes")), _kib(mem.get("fused_peak_live_bytes")),
+                        _kib(f.get("sram_bytes")), _kib(f.get("off_chip_bytes"))])
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    cells = [HEADER] + rows(results)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADER))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _peak_tensors(flow: dict[str, Any]) -> str:
+    """The tensors alive at the fused peak of the delegate that holds it."""
+    delegates = flow.get("memory", {}).get("delegates", [])
+    if not delegates:
+        return "-"
+    top = max(delegates, key=lambda d: d["fused_peak_live_bytes"])
+    return ", ".join(f"{name} {_kib(n)}" for name, n in top["fused_peak_tensors"])
+
+
+def goals(results: list[dict[str, Any]]) -> list[list[str]]:
+    """Per model, issue 52's goals side by side: the .pte with external weights as a
+    share of the inline one, load peak against the activation plan, bit identity,
+    and W's fused activation peak against stock INT8's and stock FP's (with the
+    tensors alive at W's peak)."""
+    out = [["model", "W+ptd .pte / W .pte", "load peak / planned (W+ptd)", "= inline", "W fused peak KiB",
+            "/ stock INT8", "/ stock FP", "alive at W's peak (KiB)"]]
+    for r in results:
+        f = r.get("flows", {})
+        w, ext, i8, fp = (f.get(k, {}) for k in ("W", "W+ptd", "stock-int8", "stock-fp"))
+        if any("error" in x or not x for x in (w, ext)):
+            continue
+        peak = w["memory"]["fused_peak_live_bytes"]
+        ratio = lambda other: (f"{peak / other['memory']['fused_peak_live_bytes']:.2f}"  # noqa: E731
+                               if other.get("memory", {}).get("fused_peak_live_bytes") else "-")
+        load = ext.get("load", {}).get("load_peak_bytes")
+        planned = ext["memory"]["planned_bytes"] + ext["memory"]["executorch_planned_bytes"]
+        out.append([r["model"], f"{100 * ext['pte_bytes'] / w['pte_bytes']:.2f}%",
+                    f"{load / planned:.2f}" if load is not None and planned else "-",
+                    {True: "yes", False: "NO"}.get(ext.get("bit_identical_to_inline"), "-"),
+                    _kib(peak), ratio(i8), ratio(fp), _peak_tensors(w)])
+    return out
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """Both tables as markdown, for docs/results/memory.md."""
+    def md(cells: list[list[str]]) -> str:
+        return "\n".join(["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
+                         + ["| " + " | ".join(row) + " |" for row in cells[1:]])
+    return md([HEADER] + rows(results)) + "\n\n" + md(goals(results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vela", action="store_true", help="also policy I on ethos-u85-256: Vela's SRAM, off-chip")
     parser.add_argument("--flows", default=",".join(FLOWS), help=f"some of {', '.join(FLOWS)}")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "memory.json"))
+    parser.add_argument("--markdown", action="store_true", help="print the JSON's tables as markdown, run nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--ptd", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -343,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     out = Path(args.json)
+    if args.markdown:
+        print(markdown(json.loads(out.read_text())["models"]))
+        return 0
     # the JSON keeps the other models' rows of earlier runs: a run of one model updates its own
     kept = json.loads(out.read_text())["models"] if out.is_file() else []
     results = []
