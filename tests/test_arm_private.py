@@ -163,3 +163,33 @@ def test_the_partitioner_hands_arm_an_intermediate_path(tmp_path: Path) -> None:
     (dumped,) = tmp_path.glob("*.tosa")
     assert "TOSA-1.0+INT+FP" in dumped.name
     assert dumped.read_bytes() == payload
+
+
+def test_a_lowering_fills_module_level_tables_that_are_emptied_after_it() -> None:
+    """torchao's device cache (convert_pt2e), ExecuTorch's `is_same_node` cache (the
+    partitioner), export's proxy map and torch.fx's source cache each keep a part of
+    every lowering for the process's life; `lowering_tables_emptied` empties them
+    after one (the precision search's candidates where they cannot run in a child
+    process). Each is still there and still fills: else the workaround is obsolete."""
+    import importlib
+    import linecache
+
+    import torch.fx.graph_module
+
+    def table(module: str, name: str) -> Any:
+        return getattr(importlib.import_module(module), name)
+
+    caches = [table(*where) for where in arm_private._LOWERING_CACHES]
+    proxies = table(*arm_private._EXPORT_PROXY_MAP)
+    sources = torch.fx.graph_module._loader.eval_cache
+    model, x = small_models.conv_cat_reshape()
+    spec = arm_adapter.tosa_compile_spec("TOSA-1.0+INT")
+    before = set(sources)
+    with arm_private.lowering_tables_emptied():
+        stock.stock_partitions(stock.stock_int8_program(model, x, spec), spec)
+        assert all(cache.cache_info().currsize > 0 for cache in caches), [c.cache_info() for c in caches]
+        made = set(sources) - before
+        assert proxies and made and made <= set(linecache.cache)
+    assert all(cache.cache_info().currsize == 0 for cache in caches)
+    assert not proxies
+    assert not made & set(sources) and not made & set(linecache.cache)

@@ -633,14 +633,19 @@ def test_split_chains_on_ethos_u_lowers_both_transcodes_and_keeps_the_cheaper_se
 
 def _vela_refusing(monkeypatch, calls: set[int]) -> None:
     """Arm's Vela call, refusing the given calls (1 = the first) as Vela does on U55-128
-    with MobileNetV2's int16 convolutions (docs/results/precision.md); the others compile."""
+    with MobileNetV2's int16 convolutions (docs/results/precision.md); the others compile.
+    The count is in shared memory: each candidate is lowered in a child process."""
+    import multiprocessing
+
     from executorch.backends.arm.ethosu import backend as ethosu_backend
 
-    real, made = ethosu_backend.vela_compile, [0]
+    real, made = ethosu_backend.vela_compile, multiprocessing.Value("i", 0)
 
     def vela_compile(*args, **kwargs):
-        made[0] += 1
-        if made[0] in calls:
+        with made.get_lock():
+            made.value += 1
+            call = made.value
+        if call in calls:
             raise RuntimeError("Non-passthrough operation (Conv2D) could not run on NPU")
         return real(*args, **kwargs)
     monkeypatch.setattr(ethosu_backend, "vela_compile", vela_compile)
@@ -794,3 +799,29 @@ def test_gptq_rounds_on_the_rounding_data_when_given():
     on_a, on_b, searched_a_rounded_b = rounded(1), rounded(2), rounded(1, 2)
     assert all(torch.equal(w, v) for w, v in zip(searched_a_rounded_b, on_b))
     assert not all(torch.equal(w, v) for w, v in zip(on_a, on_b))
+
+
+def test_a_candidate_runs_in_a_child_process_whose_changes_stay_there():
+    """Each Vela candidate is lowered in a forked child (issue 50: what a lowering
+    leaves behind goes with the child): its result comes back, its exception too, of
+    its own type and with where it was raised, and what it changed stays in the child."""
+    import os
+
+    from codec_tosa.targets.ethosu import vela_cost
+
+    if not vela_cost._FORKS:
+        pytest.skip("no fork here: candidates are lowered in this process")
+    state = {"pid": os.getpid()}
+
+    def work() -> int:
+        state["pid"] = os.getpid()
+        return state["pid"]
+
+    assert vela_cost._in_child_process(work) != os.getpid() == state["pid"]
+
+    def failing() -> None:
+        raise KeyError("in the child")
+
+    with pytest.raises(KeyError, match="in the child") as raised:
+        vela_cost._in_child_process(failing)
+    assert any("in failing" in note for note in raised.value.__notes__)

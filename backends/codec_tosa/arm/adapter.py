@@ -39,6 +39,7 @@ from codec_tosa.arm.private import (  # noqa: F401  (re-exported: the artefacts 
     VgfConversion,
     install_payload_journal,
     install_vgf_tosa_lowering,
+    lowering_tables_emptied,
     tosa_of_payload,
     vela_blocks,
     vela_runs_kept,

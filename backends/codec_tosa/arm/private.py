@@ -470,3 +470,60 @@ def tosa_of_payload(payload: bytes) -> bytes | None:
     import hashlib
 
     return _JOURNAL.get(hashlib.sha256(bytes(payload)).hexdigest())
+
+
+# --- what one lowering leaves behind in module-level tables (issue 50) ------------
+# Not checked at import: a table that is gone only stops being emptied, nothing fails.
+# tests/test_arm_private.py checks that each is still there and still fills.
+
+# cached pure functions that an fx Node or a module, as key, keeps alive with all it reaches
+_LOWERING_CACHES = (
+    # the partitioner's node comparisons: every Node keeps its graph, so the whole
+    # lowered program (constants, Vela's command stream)
+    ("executorch.exir.backend.utils", "is_same_node"),
+    # convert_pt2e's device lookup: the converted module with its weights
+    ("torchao.utils", "_assert_and_get_unique_device"),
+)
+# export's map of the last trace's fake tensors to their proxies, whose Nodes keep the
+# traced module's real weights; read only by that trace's leak report
+_EXPORT_PROXY_MAP = ("torch.fx.experimental.proxy_tensor", "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT")
+
+
+def _module_global(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+@contextmanager
+def lowering_tables_emptied() -> Iterator[None]:
+    """Around a convert, export and lowering whose results are dropped after it (one
+    candidate of the precision search, when it cannot run in a child process): on the
+    way out, empty what torch, torchao and ExecuTorch keep of it in module-level
+    tables, which would otherwise hold each such lowering for the process's life
+    (ResNet-18: 60 to 100 MB each). The two caches above (pure functions: only time is
+    lost), export's proxy map, and torch.fx's source of each GraphModule compiled
+    inside (graph_module._loader and linecache, kept for tracebacks: a lowering
+    compiles some 400)."""
+    import gc
+    import linecache
+
+    import torch.fx.graph_module
+
+    sources = getattr(getattr(torch.fx.graph_module, "_loader", None), "eval_cache", {})
+    before = set(sources)
+    try:
+        yield
+    finally:
+        for module, name in _LOWERING_CACHES:
+            cache_clear = getattr(_module_global(module, name), "cache_clear", None)
+            if cache_clear is not None:
+                cache_clear()
+        proxies = _module_global(*_EXPORT_PROXY_MAP)
+        if isinstance(proxies, dict):
+            proxies.clear()
+        for name in set(sources) - before:
+            del sources[name]
+            linecache.cache.pop(name, None)
+        gc.collect()  # the graphs' reference cycles, now rather than at the collector's next turn

@@ -388,7 +388,15 @@ class CodecQuantizer(Quantizer):
         """A copy of calibrated `prepared` with these widths (`set_widths`), `prepared`
         and its observers untouched: what `convert_pt2e` of one candidate needs
         (`vela_cost`)."""
+        # the observers' own tensors (the weight each saw, GPTQ's rounded weights) are
+        # read, never written, by `_set_widths` and convert_pt2e: the copy shares them
+        # (ResNet-18: two of the three copies of its weights a copy would otherwise make)
         memo: dict[int, Any] = {}
+        for obs in self._observers.values():
+            if isinstance(obs, WeightObserver):
+                for t in (obs.weight, *obs.rounded.values()):
+                    if t is not None:
+                        memo[id(t)] = t
         copied = copy.deepcopy(prepared, memo)
         observers = {key: memo.get(id(obs), obs) for key, obs in self._observers.items()}
         self._set_widths(copied, observers, bits, weight_bits)

@@ -23,7 +23,10 @@ operator reads. Any other weighted operator keeps nearest rounding.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import ctypes
+import functools
+import sys
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -43,12 +46,24 @@ _CONV, _LINEAR = "aten.conv2d.default", "aten.linear.default"
 
 
 class _Layer:
-    """One rounded weight: its operator node, observer and accumulated input correlation."""
+    """One rounded weight: its operator node, observer and accumulated input correlation.
+
+    A deep layer sees few samples per input (ResNet-18 at 128x128: 16 positions of
+    4,608 columns), so its samples take far less memory than its correlation (170 MB in
+    double): they are kept as they come, and summed into the correlation only once they
+    outnumber its columns, or when the layer is rounded (`correlation`). The sum is the
+    same either way (`_summed`)."""
 
     def __init__(self, node: torch.fx.Node, observer: WeightObserver) -> None:
         self.node, self.observer = node, observer
         self.hessian: torch.Tensor | None = None  # [groups, columns, columns]
+        self.pending: list[torch.Tensor] = []  # samples not yet in `hessian`, in order
         self.samples = 0
+
+    def width(self) -> int:
+        """Its correlation's columns: one group's weight columns."""
+        assert self.observer.weight is not None
+        return self.observer.weight[0].numel()
 
     @property
     def groups(self) -> int:
@@ -77,9 +92,37 @@ class _Layer:
         cols = self.columns(x.detach().float())
         if cols.shape[-1] > per_input:  # evenly spaced positions, the same on every input
             cols = cols[..., torch.linspace(0, cols.shape[-1] - 1, per_input).long()]
-        h = cols @ cols.transpose(1, 2)
-        self.hessian = h.double() if self.hessian is None else self.hessian + h.double()
+        self.pending.append(cols)
         self.samples += cols.shape[-1]
+        if sum(c.shape[-1] for c in self.pending) > cols.shape[-2]:  # the correlation is the smaller
+            self.hessian, self.pending = _summed(self.hessian, self.pending), []
+
+    def correlation(self) -> Callable[[], torch.Tensor]:
+        """What makes the mean correlation (sum / samples), a new matrix at each call
+        (`_inverse_factor` overwrites it); the layer lets go of its sum and samples. A
+        sum made while observing is kept to copy from: twice its size while factored."""
+        hessian, pending, samples = self.hessian, self.pending, self.samples
+        self.hessian, self.pending = None, []
+
+        def make() -> torch.Tensor:
+            summed = _summed(None if hessian is None else hessian.clone(), pending)
+            assert summed is not None
+            return summed.div_(samples)
+        return make
+
+
+def _summed(hessian: torch.Tensor | None, samples: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """`hessian` (None: nothing yet) plus each of `samples`' ``cols @ cols.T``, in order:
+    each product in float, added in double (float to double is exact), in place."""
+    for cols in samples:
+        h = cols @ cols.transpose(1, 2)
+        if hessian is None:
+            hessian = h.double()
+        else:
+            for r0 in range(0, h.shape[-2], BLOCK):  # whole, add_ would first make a double copy of h
+                hessian[..., r0:r0 + BLOCK, :].add_(h[..., r0:r0 + BLOCK, :])
+        del h  # before the next product is made
+    return hessian
 
 
 def roundable(node: torch.fx.Node, observer: WeightObserver) -> str:
@@ -127,21 +170,49 @@ def round_weights(prepared: torch.fx.GraphModule, data: Sequence[Sequence[Any]],
     with torch.no_grad(), FakeQuantising(prepared):
         for x in data:
             capture.run(*x)
-    for layer in layers.values():
-        obs = layer.observer
-        assert obs.weight is not None and layer.hessian is not None
-        factor = inverse_factor(layer.hessian / layer.samples)
-        weight = obs.weight.double()
-        rows = weight.shape[0]
-        w = weight.reshape(layer.groups, rows // layer.groups, -1)
-        rounded: dict[int, torch.Tensor] = {}
-        for bits in widths:
-            scales = obs.scales(bits).double()
-            s = (scales.expand(rows) if scales.numel() == 1 else scales).reshape(layer.groups, -1, 1)
-            codes = gptq_codes(w, factor, s, weight_range(bits)[1])
-            rounded[bits] = (codes * s).reshape(weight.shape).to(obs.weight.dtype)
-        obs.rounded = rounded
+    # the largest correlation first, while the fewest rounded weights are kept beside it
+    # (each layer is rounded on its own, in any order)
+    for layer in sorted(layers.values(), key=_Layer.width, reverse=True):
+        layer.observer.rounded = _rounded(layer, widths)
+        _heap_trimmed()
     return skipped
+
+
+def _heap_trimmed() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; where
+    there is none, nothing). A layer's working tensors under 32 MB (ResNet-18's: its
+    weight in double, its codes) come from glibc's heap, which keeps them once freed:
+    without this, the next layer's correlation is made on top of them (ResNet-18: 70
+    MB more at the third 4,608-column layer, and 90 MB more after the rounding)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim if sys.platform == "linux" else None
+    except (AttributeError, OSError):  # not glibc (musl has none)
+        return None
+
+
+def _rounded(layer: _Layer, widths: Sequence[int]) -> dict[int, torch.Tensor]:
+    """`layer`'s weight rounded by GPTQ at each of `widths`; its correlation, factor and
+    working copies are gone when this returns, before the next layer's are made."""
+    obs = layer.observer
+    assert obs.weight is not None and (layer.hessian is not None or layer.pending)
+    factor = _inverse_factor(layer.correlation())
+    weight = obs.weight.double()
+    rows = weight.shape[0]
+    w = weight.reshape(layer.groups, rows // layer.groups, -1)
+    rounded: dict[int, torch.Tensor] = {}
+    for bits in widths:
+        scales = obs.scales(bits).double()
+        s = (scales.expand(rows) if scales.numel() == 1 else scales).reshape(layer.groups, -1, 1)
+        codes = gptq_codes(w, factor, s, weight_range(bits)[1])
+        rounded[bits] = (codes * s).reshape(weight.shape).to(obs.weight.dtype)
+    return rounded
 
 
 class _Capture(torch.fx.Interpreter):
@@ -169,18 +240,66 @@ def inverse_factor(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
     """The upper Cholesky factor of the ridged correlation's inverse, and the inputs
     that are always zero; None if no ridge up to 100x makes it positive definite.
     One per layer, whatever the widths rounded with it."""
-    h = hessian.clone()
-    diag = torch.diagonal(h, dim1=-2, dim2=-1)
-    dead = diag == 0  # an input that is always zero: its weights do not matter
-    diag[dead] = 1.0
-    eye = torch.eye(h.shape[-1], dtype=h.dtype)
-    for damping in (DAMPING, DAMPING * 10, DAMPING * 100):
-        factor, info = torch.linalg.cholesky_ex(h + damping * diag.mean(-1)[:, None, None] * eye)
+    return _inverse_factor(hessian.clone)
+
+
+def _inverse_factor(correlation: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`inverse_factor` of the matrix h that `correlation()` makes, in h's own memory.
+
+    ``cholesky(h + ridge * eye)``, its ``cholesky_inverse`` and that one's upper factor
+    would each be a new matrix of h's size (ResNet-18's last convolutions: 170 MB
+    each). Here the ridge goes onto h's diagonal, and LAPACK factors, inverts and
+    factors again in place, in h's column-major view (`h.mT`: the layout torch would
+    copy h into). The numbers are those of the three calls, bit for bit: h is first
+    made what the sum would be (`_as_summed`). A failed ridge leaves h overwritten, so
+    the next one starts from a new h."""
+    h = correlation()
+    dead = torch.diagonal(h, dim1=-2, dim2=-1) == 0  # an input that is always zero: its weights do not matter
+    mean = _as_summed(h)
+    if not bool(torch.isfinite(mean).all()):
+        # an infinite input: ``h + ridge * eye`` is NaN off its diagonal, which no ridge
+        # makes positive definite
+        return None
+    diag = torch.diagonal(h, dim1=-2, dim2=-1).clone()
+    info = torch.empty(h.shape[:-2], dtype=torch.int32)
+    for attempt, damping in enumerate((DAMPING, DAMPING * 10, DAMPING * 100)):
+        if attempt:
+            del h, work  # the failed ridge's, before the next h is made
+            h = correlation()
+            _as_summed(h)
+        torch.diagonal(h, dim1=-2, dim2=-1).copy_(diag).add_(damping * mean[:, None])
+        work = h.mT
+        torch.linalg.cholesky_ex(work, out=(work, info))
+        if bool(info.any()):
+            continue
+        torch.cholesky_inverse(work, out=work)
+        torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
         if not bool(info.any()):
-            u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(factor), upper=True)
-            if not bool(info.any()):
-                return u, dead
+            return work, dead
     return None
+
+
+def _as_summed(h: torch.Tensor) -> torch.Tensor:
+    """h as ``h + ridge * eye`` would hold it, but for the ridge, in place: the always-zero
+    inputs' diagonal 1, 0.0 for -0.0 (the sum adds +0.0 off the diagonal), and the lower
+    triangle, the one torch's Cholesky reads, mirrored onto the upper one, which LAPACK
+    reads of the column-major view. Returns the diagonal's mean (the ridge's unit)."""
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)
+    diag[diag == 0] = 1.0
+    h.add_(0.0)
+    _mirror_lower(h)
+    return diag.mean(-1)
+
+
+def _mirror_lower(h: torch.Tensor) -> None:
+    """Copies h's lower triangle onto its upper one, in place, a band of rows at a time."""
+    n = h.shape[-1]
+    for r0 in range(0, n, BLOCK):
+        r1 = min(r0 + BLOCK, n)
+        block = h[..., r0:r1, r0:r1]
+        lower = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool).tril()
+        block.copy_(torch.where(lower, block, block.mT))
+        h[..., r0:r1, r1:].copy_(h[..., r1:, r0:r1].mT)
 
 
 def gptq_codes(weight: torch.Tensor, factor: tuple[torch.Tensor, torch.Tensor] | None, scales: torch.Tensor,

@@ -26,9 +26,14 @@ traced back to our domains, so it is not used.
 
 from __future__ import annotations
 
+import gc
+import os
+import pickle
+import sys
 import tempfile
 import time
-from typing import Any, Mapping, Sequence
+import traceback
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 from executorch.exir import to_edge_transform_and_lower
@@ -36,6 +41,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
 from codec_tosa.arm import adapter as arm_adapter
 from codec_tosa.targets.ethosu.vela_summary import read_vela_summary, vela_report
+
+_T = TypeVar("_T")
 
 
 class VelaCycles:
@@ -71,23 +78,96 @@ class VelaCycles:
 
     def _lower(self, key: tuple[tuple[int, ...], tuple[int, ...]], bits: Mapping[int, int],
                weight_bits: Mapping[int, int]) -> int | None:
-        candidate = self.quantizer.with_widths(self.prepared, bits, weight_bits)
-        with torch.no_grad():
-            program = torch.export.export(convert_pt2e(candidate), self.example)
+        if _FORKS:
+            summaries, refused = _in_child_process(lambda: self._set_and_lowered(bits, weight_bits))
+        else:
+            with arm_adapter.lowering_tables_emptied():
+                summaries, refused = self._vela_summaries(self.quantizer.with_widths(self.prepared, bits, weight_bits))
+        if refused:
+            self._refusals[key] = refused
+            return None
+        if not summaries:
+            raise ValueError(f"precision search: Arm's EthosUPartitioner delegated nothing of the model for "
+                             f"{self.target}, so Vela has no cycles to price the widths by")
+        return vela_report([{"summary": s, "operators": {}} for s in summaries])["cycles_total"]
+
+    def _set_and_lowered(self, bits: Mapping[int, int], weight_bits: Mapping[int, int]
+                         ) -> tuple[list[dict[str, Any]], str]:
+        """In a child process: `prepared` itself, no copy, takes the widths (the
+        parent's is untouched) and is lowered."""
+        self.quantizer.set_widths(self.prepared, bits, weight_bits)
+        return self._vela_summaries(self.prepared)
+
+    def _vela_summaries(self, candidate: torch.fx.GraphModule) -> tuple[list[dict[str, Any]], str]:
+        """Vela's summary of each delegate of calibrated `candidate`, and ""; or no
+        summaries and Vela's error where Vela refuses it."""
         partitioner = arm_adapter.ethos_u_partitioner(arm_adapter.ethos_u_compile_spec(self.target))
         with tempfile.TemporaryDirectory(prefix="codec-tosa-search-") as d, arm_adapter.vela_runs_kept(d) as runs:
+            with torch.no_grad():
+                program = torch.export.export(convert_pt2e(candidate), self.example)
             try:
                 to_edge_transform_and_lower(program, partitioner=[partitioner])
             except Exception:
                 if not (runs and runs[-1].refused):
                     raise  # not Vela's verdict: a failure of ours or Arm's, not a price
-                self._refusals[key] = runs[-1].refused
-                return None
-            kept = [{"summary": read_vela_summary(r.directory), "operators": {}} for r in runs]
-        if not runs:
-            raise ValueError(f"precision search: Arm's EthosUPartitioner delegated nothing of the model for "
-                             f"{self.target}, so Vela has no cycles to price the widths by")
-        return vela_report(kept)["cycles_total"]
+                return [], runs[-1].refused
+            return [read_vela_summary(r.directory) for r in runs], ""
+
+
+# fork where it is safe: macOS's fork is not, with threads, and Windows has none
+_FORKS = sys.platform == "linux"
+
+
+def _in_child_process(work: Callable[[], _T]) -> _T:
+    """`work()`, run in a forked child process.
+
+    A candidate's lowering builds some 100 MB (ResNet-18) that is dropped once Vela
+    has priced it, but the process would not get it back: module-level tables of
+    torch, torchao and ExecuTorch keep parts of every lowering, and the allocator keeps
+    the rest. A forked child shares the parent's pages until it writes them, and
+    returns all it made when it exits: the search's peak is the parent's plus one
+    lowering's, however many candidates it prices. The result, or the exception,
+    comes back pickled; the child runs torch on one thread (a forked OpenMP pool
+    hangs). Without fork (`_FORKS`) the lowering runs in this process, and what the
+    tables keep of it is dropped after it (`lowering_tables_emptied`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()  # else what is buffered is printed twice, once by the child
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(read)
+            gc.freeze()  # the parent's objects: its collections do not touch (copy) their pages
+            torch.set_num_threads(1)
+            outcome = _outcome(work)
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(outcome)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        outcome = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not outcome:
+        raise RuntimeError(f"precision search: the child process lowering a candidate died ({status:#x})")
+    ok, value = pickle.loads(outcome)
+    if not ok:
+        raise value
+    return value
+
+
+def _outcome(work: Callable[[], Any]) -> bytes:
+    """(True, work()) or (False, the exception it raised, its traceback noted), pickled."""
+    try:
+        return pickle.dumps((True, work()))
+    except Exception as e:  # noqa: BLE001 (every failure goes back to the parent)
+        e.add_note("".join(traceback.format_exception(e)))  # where, in the child
+        try:
+            return pickle.dumps((False, e))
+        except Exception:  # noqa: BLE001 (an exception that does not pickle)
+            return pickle.dumps((False, RuntimeError("".join(traceback.format_exception(e)))))
 
 
 __all__ = ["VelaCycles"]
