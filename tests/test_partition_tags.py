@@ -1,14 +1,15 @@
 """Partition tags after Arm's partitioner (`targets.tosa.tags`, issue 51): a tag a CPU
 operator both reads from and feeds is split so that ExecuTorch can fuse every tag (F1:
-a float KV cache's ``index_put`` between two parts of one INT partition), and the parts
-exchange codes rather than FP32 values."""
+a float KV cache's ``index_put`` between two parts of one INT partition), the parts
+exchange codes rather than FP32 values, and a tag that computes nothing from the
+program's inputs is not delegated (F7)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from codec_tosa.targets.tosa.tags import TAG, _contracted_acyclic, split_cycles
+from codec_tosa.targets.tosa.tags import TAG, _contracted_acyclic, drop_constant_only, split_cycles
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
@@ -68,3 +69,21 @@ def test_tags_without_a_cycle_are_left_as_they_are() -> None:
     n["q_back"].meta[TAG] = "T"
     assert split_cycles(gm, ["T"]) == ["T"]
     assert {node.meta.get(TAG) for node in gm.graph.nodes if node.op == "call_function"} == {"T"}
+
+
+class _ConstantBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("freqs", torch.linspace(0.0, 1.0, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.freqs.cos()
+
+
+def test_a_tag_computing_only_from_constants_is_not_delegated() -> None:
+    ep = torch.export.export(_ConstantBranch(), (torch.randn(8),))
+    nodes = {n.target: n for n in ep.graph.nodes if n.op == "call_function"}
+    nodes[aten.cos.default].meta[TAG] = "constants"
+    nodes[aten.mul.Tensor].meta[TAG] = "compute"
+    assert drop_constant_only(ep, ["constants", "compute"]) == ["compute"]
+    assert TAG not in nodes[aten.cos.default].meta and nodes[aten.mul.Tensor].meta[TAG] == "compute"

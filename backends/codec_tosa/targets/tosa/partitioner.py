@@ -21,7 +21,7 @@ from codec_tosa.planning.provenance import option_specs, provenance_specs
 from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
-from codec_tosa.targets.tosa.tags import split_cycles
+from codec_tosa.targets.tosa.tags import drop_constant_only, split_cycles
 from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
@@ -148,9 +148,11 @@ class CodecTosaPartitioner(Partitioner):
 
 
 def _tagged(arm_result: PartitionResult) -> tuple[ExportedProgram, list[str]]:
-    """Arm's tagging, without a tag a CPU operator both reads from and feeds (`tags`)."""
+    """Arm's tagging, without a delegate that only outputs constants and without a tag a
+    CPU operator both reads from and feeds (`tags`)."""
     ep = arm_result.tagged_exported_program
-    return ep, split_cycles(ep.graph_module, arm_result.partition_tags)
+    tags = drop_constant_only(ep, arm_result.partition_tags)
+    return ep, split_cycles(ep.graph_module, tags)
 
 
 INTEGER_RECIPE = ("quantize it with codec_tosa.CodecQuantizer first (prepare_pt2e, calibrate, convert_pt2e, "

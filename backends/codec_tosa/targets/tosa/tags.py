@@ -1,4 +1,4 @@
-"""Partition tags after Arm's partitioner: no tag a CPU node both reads from and feeds.
+"""Partition tags after Arm's partitioner: no tag a CPU node reads and feeds, none of constants only.
 
 Arm's INT partitioner groups the operators it supports and then leaves a group's boundary
 quantize/dequantize untagged. A group can then feed a CPU operator that feeds it back
@@ -6,7 +6,8 @@ quantize/dequantize untagged. A group can then feed a CPU operator that feeds it
 the updated cache); Arm splits such a group into connected components, which can still be
 one component with the CPU detour beside it, and ExecuTorch refuses the partition ("found
 dependency cycles"). `split_cycles` splits such groups until the tags, each contracted to one
-node, form no cycle.
+node, form no cycle. `drop_constant_only` untags a group none of whose operators depends on a
+program input: its delegate would only output constants (Arm's constant folding leaves one).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 
 from codec_tosa.graph import target_key
 
@@ -163,4 +166,27 @@ def _constants_follow_users(gm: torch.fx.GraphModule, tags: set[str]) -> None:
             del node.meta[TAG]
 
 
-__all__ = ["split_cycles"]
+def drop_constant_only(ep: ExportedProgram, tags: Iterable[str]) -> list[str]:
+    """Untag every tag none of whose operators depends on a user input or a mutated buffer
+    (its delegate would only output constants); returns the tags kept."""
+    sig = ep.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    varying_names = {s.arg.name for s in sig.input_specs
+                     if s.kind == InputKind.USER_INPUT or (s.kind == InputKind.BUFFER and s.target in mutated)}
+    varying: set[torch.fx.Node] = set()
+    for node in ep.graph_module.graph.nodes:
+        if (node.op == "placeholder" and node.name in varying_names) or any(
+                a in varying for a in node.all_input_nodes):
+            varying.add(node)
+    kept = []
+    for tag in tags:
+        members = [n for n in ep.graph_module.graph.nodes if _tag(n) == tag]
+        if any(n in varying for n in members if n.op == "call_function"):
+            kept.append(tag)
+            continue
+        for n in members:
+            del n.meta[TAG]
+    return kept
+
+
+__all__ = ["drop_constant_only", "split_cycles"]
