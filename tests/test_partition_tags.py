@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codec_tosa.targets.tosa.tags import TAG, _contracted_acyclic, drop_constant_only, split_cycles
+from codec_tosa.targets.tosa.tags import TAG, _contracted_acyclic, codes_at_boundaries, drop_constant_only, split_cycles
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
@@ -69,6 +69,18 @@ def test_tags_without_a_cycle_are_left_as_they_are() -> None:
     n["q_back"].meta[TAG] = "T"
     assert split_cycles(gm, ["T"]) == ["T"]
     assert {node.meta.get(TAG) for node in gm.graph.nodes if node.op == "call_function"} == {"T"}
+
+
+def test_an_integer_delegate_takes_in_and_gives_out_codes() -> None:
+    """A dequantize left in the tag though the CPU reads it (Arm checks it before it untags
+    the reader) is untagged, and so is a quantize that reads the CPU: an unfolded
+    dequantize would be FP32 arithmetic in an INT-only delegate."""
+    gm, n = _graph()
+    n["dq_cpu_in"].meta[TAG] = "T"
+    n["q_back"].meta[TAG] = "T"
+    codes_at_boundaries(gm, ["T"])
+    assert TAG not in n["dq_cpu_in"].meta and TAG not in n["q_back"].meta
+    assert n["dq_b"].meta[TAG] == "T" and n["q_a"].meta[TAG] == "T" and n["dq_back"].meta[TAG] == "T"
 
 
 class _ConstantBranch(nn.Module):

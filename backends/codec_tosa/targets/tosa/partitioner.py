@@ -21,7 +21,7 @@ from codec_tosa.planning.provenance import option_specs, provenance_specs
 from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
-from codec_tosa.targets.tosa.tags import drop_constant_only, split_cycles
+from codec_tosa.targets.tosa.tags import codes_at_boundaries, drop_constant_only, split_cycles
 from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
@@ -133,7 +133,7 @@ class CodecTosaPartitioner(Partitioner):
         decode stay on the CPU, as in Arm's flow)."""
         _require_quantized(exported_program, self.codec_spec)
         progress.stage(progress.PLACEMENT)
-        ep, tags = _tagged(self._arm.partition(exported_program))
+        ep, tags = _tagged(self._arm.partition(exported_program), integer=True)
         specs = list(self.delegation_spec.compile_specs) + provenance_specs(self.codec_spec, {})
         delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
         return PartitionResult(tagged_exported_program=ep, partition_tags={tag: delegation for tag in tags})
@@ -147,11 +147,14 @@ class CodecTosaPartitioner(Partitioner):
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
 
 
-def _tagged(arm_result: PartitionResult) -> tuple[ExportedProgram, list[str]]:
+def _tagged(arm_result: PartitionResult, integer: bool = False) -> tuple[ExportedProgram, list[str]]:
     """Arm's tagging, without a delegate that only outputs constants and without a tag a
-    CPU operator both reads from and feeds (`tags`)."""
+    CPU operator both reads from and feeds; `integer`: every delegate takes in and gives
+    out codes (`tags`)."""
     ep = arm_result.tagged_exported_program
     tags = drop_constant_only(ep, arm_result.partition_tags)
+    if integer:
+        codes_at_boundaries(ep.graph_module, tags)
     return ep, split_cycles(ep.graph_module, tags)
 
 

@@ -6,7 +6,8 @@ quantize/dequantize untagged. A group can then feed a CPU operator that feeds it
 the updated cache); Arm splits such a group into connected components, which can still be
 one component with the CPU detour beside it, and ExecuTorch refuses the partition ("found
 dependency cycles"). `split_cycles` splits such groups until the tags, each contracted to one
-node, form no cycle. `drop_constant_only` untags a group none of whose operators depends on a
+node, form no cycle; for an INT-only delegate, `codes_at_boundaries` first makes every tag
+take in and give out codes. `drop_constant_only` untags a group none of whose operators depends on a
 program input: its delegate would only output constants (Arm's constant folding leaves one).
 """
 
@@ -96,6 +97,7 @@ def _dequantizes_follow_users(gm: torch.fx.GraphModule, tag: str, parts: dict[to
 
 
 _DEQUANTIZE = "quantized_decomposed.dequantize_per_"
+_QUANTIZE = "quantized_decomposed.quantize_per_"
 
 
 def _by_rank(gm: torch.fx.GraphModule, tags: list[str]) -> list[str]:
@@ -123,6 +125,30 @@ def _retag(gm: torch.fx.GraphModule, tag: str, parts: dict[torch.fx.Node, int], 
         node.meta[TAG] = name[k]
     _constants_follow_users(gm, set(name.values()))
     return list(name.values())
+
+
+def codes_at_boundaries(gm: torch.fx.GraphModule, tags: Iterable[str]) -> None:
+    """For an INT-only delegate: untag every dequantize of `tags` that an operator outside
+    its tag reads, and every quantize that reads one, so that the delegate takes in and
+    gives out codes. Arm's partitioner does so as it tags, but looks at a dequantize
+    before it untags the operators after it (a KV cache's ``index_put``, untagged for
+    its FP32 cache input), and an unfolded dequantize is lowered as FP32 arithmetic
+    (a MUL by its scale), which an INT-only TOSA profile refuses."""
+    wanted = set(tags)
+    changed = True
+    while changed:
+        changed = False
+        for node in gm.graph.nodes:
+            tag = _tag(node)
+            if tag not in wanted or node.op != "call_function":
+                continue
+            key = target_key(node.target)
+            outward = key.startswith(_DEQUANTIZE) and any(_tag(u) != tag for u in node.users)
+            inward = key.startswith(_QUANTIZE) and any(
+                a.op != "placeholder" and _tag(a) != tag for a in node.all_input_nodes)
+            if outward or inward:
+                del node.meta[TAG]
+                changed = True
 
 
 def _contracted_acyclic(gm: torch.fx.GraphModule) -> bool:
@@ -189,4 +215,4 @@ def drop_constant_only(ep: ExportedProgram, tags: Iterable[str]) -> list[str]:
     return kept
 
 
-__all__ = ["drop_constant_only", "split_cycles"]
+__all__ = ["codes_at_boundaries", "drop_constant_only", "split_cycles"]
