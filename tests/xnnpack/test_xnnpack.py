@@ -209,6 +209,45 @@ def test_split_and_mean_are_rewritten_into_what_xnnpack_runs_on_codes() -> None:
         assert torch.equal(gm(*x), expected)
 
 
+class IntegerIndexPath(nn.Module):
+    """A gather whose indices are computed from integer aranges with scalar add and mul,
+    as HF's causal mask computes its indices (SmolLM2): the indices are int64 and
+    stay int64 through the quantizer's transforms and annotation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)[0]
+        rows = (torch.arange(8) + 0).unsqueeze(-1)
+        cols = (torch.arange(4) * 2 + 1).unsqueeze(0)
+        return y[rows, cols] * 2.0
+
+
+@pytest.mark.parametrize("target", ["xnnpack", "tosa"])
+def test_an_integer_index_path_is_neither_observed_nor_turned_into_floats(target: str) -> None:
+    """Calibration runs (XNNPACK's scalar-to-attribute transform made ``arange + 1`` an
+    FP32 tensor and the gather failed on FP32 indices), no observer reads a non-float
+    value, and the quantized module is eager to INT8 precision."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model, x = IntegerIndexPath().eval(), (torch.randn(1, 8, 16),)
+    quantizer = CodecQuantizer(CodecSpec(policy="I", target=target))
+    prepared = prepare_pt2e(torch.export.export(model, x).module(check_guards=False), quantizer)
+    observed = [n.args[0] for n in prepared.graph.nodes if n.op == "call_module"]
+    assert observed and all(a.meta["val"].is_floating_point() for a in observed)
+    ints = [n for n in prepared.graph.nodes if n.op == "call_function"
+            and n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+            and not n.meta["val"].is_floating_point()]
+    assert len(ints) == 3 and all(not isinstance(a, torch.fx.Node) for n in ints for a in n.args[1:])
+    with torch.no_grad():
+        prepared(*x)
+        ref, out = model(*x), convert_pt2e(prepared)(*x)
+    assert 10 * math.log10(float((ref ** 2).sum()) / float(((ref - out) ** 2).sum())) > 30.0
+
+
 def test_cli_compiles_for_xnnpack_and_validate_holds_it_to_eager(tmp_path: Path, capsys: Any) -> None:
     """`codec-tosa compile --target xnnpack` writes an XnnpackBackend .pte; validate
     runs it in ExecuTorch and, XNNPACK's arithmetic not being the plan's, reports the

@@ -21,6 +21,7 @@ from codec_tosa.planning.provenance import option_specs, provenance_specs
 from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
+from codec_tosa.targets.tosa.tags import codes_at_boundaries, drop_constant_only, split_cycles
 from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
@@ -116,8 +117,7 @@ class CodecTosaPartitioner(Partitioner):
         if self.codec_spec.integer_only:
             return self._partition_quantized(exported_program)
         progress.stage(progress.PLACEMENT)
-        arm_result = self._arm.partition(exported_program)  # tags what TOSA can take
-        ep = arm_result.tagged_exported_program
+        ep, tags = _tagged(self._arm.partition(exported_program))  # tags what TOSA can take
         self._real_state.update(_lifted_constants(ep))
         # operators left on the CPU run FP32, so partition boundaries are plain
         delegated = {n.name for n in ep.graph.nodes if "delegation_tag" in n.meta}
@@ -125,8 +125,7 @@ class CodecTosaPartitioner(Partitioner):
         specs = (list(self.delegation_spec.compile_specs)
                  + provenance_specs(self.codec_spec, self.planned.to_json()))
         delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
-        tags = {tag: delegation for tag in arm_result.partition_tags}
-        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+        return PartitionResult(tagged_exported_program=ep, partition_tags={tag: delegation for tag in tags})
 
     def _partition_quantized(self, exported_program: ExportedProgram) -> PartitionResult:
         """A CodecQuantizer program: Arm's INT partitioner for the target tags it
@@ -134,12 +133,10 @@ class CodecTosaPartitioner(Partitioner):
         decode stay on the CPU, as in Arm's flow)."""
         _require_quantized(exported_program, self.codec_spec)
         progress.stage(progress.PLACEMENT)
-        arm_result = self._arm.partition(exported_program)
+        ep, tags = _tagged(self._arm.partition(exported_program), integer=True)
         specs = list(self.delegation_spec.compile_specs) + provenance_specs(self.codec_spec, {})
         delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
-        tags = {tag: delegation for tag in arm_result.partition_tags}
-        return PartitionResult(tagged_exported_program=arm_result.tagged_exported_program,
-                               partition_tags=tags)
+        return PartitionResult(tagged_exported_program=ep, partition_tags={tag: delegation for tag in tags})
 
     def _calibration(self, ep: ExportedProgram) -> list[tuple[torch.Tensor, ...]]:
         if self.calibration is not None:
@@ -148,6 +145,17 @@ class CodecTosaPartitioner(Partitioner):
                       "inputs shaped like the example inputs", stacklevel=3)
         examples = [n.meta["val"] for n in user_input_nodes(ep)]
         return random_calibration([torch.zeros(t.shape, dtype=t.dtype) for t in examples])
+
+
+def _tagged(arm_result: PartitionResult, integer: bool = False) -> tuple[ExportedProgram, list[str]]:
+    """Arm's tagging, without a delegate that only outputs constants and without a tag a
+    CPU operator both reads from and feeds; `integer`: every delegate takes in and gives
+    out codes (`tags`)."""
+    ep = arm_result.tagged_exported_program
+    tags = drop_constant_only(ep, arm_result.partition_tags)
+    if integer:
+        codes_at_boundaries(ep.graph_module, tags)
+    return ep, split_cycles(ep.graph_module, tags)
 
 
 INTEGER_RECIPE = ("quantize it with codec_tosa.CodecQuantizer first (prepare_pt2e, calibrate, convert_pt2e, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import _convert_scalars_to_attrs
+from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
 
 from codec_tosa._passes.xnnpack_rewrites import XnnpackRewritesPass
 from codec_tosa.commutation.table import XNNPACK, CommutationTable
@@ -26,7 +26,7 @@ class XnnpackInt8Flow(Int8Flow):
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         XnnpackRewritesPass()(model)
-        return _convert_scalars_to_attrs(model)
+        return _scalars_to_attrs(model)
 
     def plain_ops(self, graph: PortGraph, table: CommutationTable, annotations: Annotations) -> list[int]:
         """An operator without an XNNPACK kernel, or called with arguments its kernel
@@ -52,6 +52,35 @@ class XnnpackInt8Flow(Int8Flow):
         row = table.lookup(graph.op_target[producer])
         kernel = row.kernel(self.name) if row is not None else None
         return kernel is not None and graph.op_target[activation] in kernel.fuses
+
+
+def _scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A scalar operand of a floating-point ``add`` or ``mul`` as a 0-d FP32 buffer, so
+    the annotation can give it a port (XNNPACK's ``_convert_scalars_to_attrs``, whose
+    graph this is). Unlike it, an integer ``add`` or ``mul`` keeps its scalar: XNNPACK's
+    turns ``arange(n) + 1`` into ``arange(n) + tensor(1.0)``, whose value is FP32 while
+    its ``meta["val"]`` still says int64, and a mask's ``index`` then reads FP32
+    indices (HF's causal mask: SmolLM2 at policy I)."""
+    for n in model.graph.nodes:
+        val = n.meta.get("val")
+        if n.op != "call_function" or n.target not in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor) \
+                or not isinstance(val, torch.Tensor) or not val.is_floating_point():
+            continue
+        args = []
+        for a in n.args:
+            if isinstance(a, torch.fx.Node):
+                args.append(a)
+                continue
+            name = get_new_attr_name_with_prefix("_tensor_constant_")(model)
+            constant = torch.tensor(float(a))
+            model.register_buffer(name, constant)
+            with model.graph.inserting_before(n):
+                attr = model.graph.create_node("get_attr", name, (), {})
+            attr.meta["val"] = val.fake_mode.from_tensor(constant, static_shapes=True)
+            args.append(attr)
+        n.args = tuple(args)
+    model.recompile()
+    return model
 
 
 def _makes_codes(graph: PortGraph, producer: int, plain: set[int]) -> bool:
