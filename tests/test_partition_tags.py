@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codec_tosa.targets.tosa.tags import TAG, _contracted_acyclic, codes_at_boundaries, drop_constant_only, split_cycles
+from codec_tosa.targets.tosa.tags import DELEGATION_TAG, _contracted_acyclic, codes_at_boundaries, drop_constant_only, split_cycles
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
@@ -41,7 +41,7 @@ def _graph() -> tuple[torch.fx.GraphModule, dict[str, torch.fx.Node]]:
     gm = torch.fx.GraphModule(nn.Module(), g)
     for name, n in nodes.items():
         if name not in ("cpu", "dq_cpu_in", "q_back"):  # Arm leaves the boundary q/dq untagged
-            n.meta[TAG] = "T"
+            n.meta[DELEGATION_TAG] = "T"
     return gm, nodes
 
 
@@ -52,23 +52,23 @@ def test_a_tag_a_cpu_operator_reads_and_feeds_is_split_into_acyclic_parts() -> N
     assert not _contracted_acyclic(gm)
     tags = split_cycles(gm, ["T"])
     assert tags == ["T", "T_split1"] and _contracted_acyclic(gm)
-    assert n["a"].meta[TAG] == "T" and n["b"].meta[TAG] == "T_split1"
+    assert n["a"].meta[DELEGATION_TAG] == "T" and n["b"].meta[DELEGATION_TAG] == "T_split1"
     # the dequantize that b reads from a's codes moved to b's part: the parts exchange int8 codes
-    assert n["dq_b"].meta[TAG] == "T_split1" and n["q_a"].meta[TAG] == "T"
+    assert n["dq_b"].meta[DELEGATION_TAG] == "T_split1" and n["q_a"].meta[DELEGATION_TAG] == "T"
     for node in gm.graph.nodes:
         for arg in node.all_input_nodes:
-            if node.meta.get(TAG) and arg.meta.get(TAG) and node.meta[TAG] != arg.meta[TAG]:
+            if node.meta.get(DELEGATION_TAG) and arg.meta.get(DELEGATION_TAG) and node.meta[DELEGATION_TAG] != arg.meta[DELEGATION_TAG]:
                 assert arg.target == qd.quantize_per_tensor.default, (arg, node)
     assert torch.equal(gm(x), expected)
 
 
 def test_tags_without_a_cycle_are_left_as_they_are() -> None:
     gm, n = _graph()
-    n["cpu"].meta[TAG] = "T"
-    n["dq_cpu_in"].meta[TAG] = "T"
-    n["q_back"].meta[TAG] = "T"
+    n["cpu"].meta[DELEGATION_TAG] = "T"
+    n["dq_cpu_in"].meta[DELEGATION_TAG] = "T"
+    n["q_back"].meta[DELEGATION_TAG] = "T"
     assert split_cycles(gm, ["T"]) == ["T"]
-    assert {node.meta.get(TAG) for node in gm.graph.nodes if node.op == "call_function"} == {"T"}
+    assert {node.meta.get(DELEGATION_TAG) for node in gm.graph.nodes if node.op == "call_function"} == {"T"}
 
 
 def test_an_integer_delegate_takes_in_and_gives_out_codes() -> None:
@@ -76,11 +76,11 @@ def test_an_integer_delegate_takes_in_and_gives_out_codes() -> None:
     the reader) is untagged, and so is a quantize that reads the CPU: an unfolded
     dequantize would be FP32 arithmetic in an INT-only delegate."""
     gm, n = _graph()
-    n["dq_cpu_in"].meta[TAG] = "T"
-    n["q_back"].meta[TAG] = "T"
+    n["dq_cpu_in"].meta[DELEGATION_TAG] = "T"
+    n["q_back"].meta[DELEGATION_TAG] = "T"
     codes_at_boundaries(gm, ["T"])
-    assert TAG not in n["dq_cpu_in"].meta and TAG not in n["q_back"].meta
-    assert n["dq_b"].meta[TAG] == "T" and n["q_a"].meta[TAG] == "T" and n["dq_back"].meta[TAG] == "T"
+    assert DELEGATION_TAG not in n["dq_cpu_in"].meta and DELEGATION_TAG not in n["q_back"].meta
+    assert n["dq_b"].meta[DELEGATION_TAG] == "T" and n["q_a"].meta[DELEGATION_TAG] == "T" and n["dq_back"].meta[DELEGATION_TAG] == "T"
 
 
 class _ConstantBranch(nn.Module):
@@ -95,7 +95,7 @@ class _ConstantBranch(nn.Module):
 def test_a_tag_computing_only_from_constants_is_not_delegated() -> None:
     ep = torch.export.export(_ConstantBranch(), (torch.randn(8),))
     nodes = {n.target: n for n in ep.graph.nodes if n.op == "call_function"}
-    nodes[aten.cos.default].meta[TAG] = "constants"
-    nodes[aten.mul.Tensor].meta[TAG] = "compute"
+    nodes[aten.cos.default].meta[DELEGATION_TAG] = "constants"
+    nodes[aten.mul.Tensor].meta[DELEGATION_TAG] = "compute"
     assert drop_constant_only(ep, ["constants", "compute"]) == ["compute"]
-    assert TAG not in nodes[aten.cos.default].meta and nodes[aten.mul.Tensor].meta[TAG] == "compute"
+    assert DELEGATION_TAG not in nodes[aten.cos.default].meta and nodes[aten.mul.Tensor].meta[DELEGATION_TAG] == "compute"

@@ -4,7 +4,7 @@ own LLM construct) and the SigLIP vision tower (`siglip`), compiled through
 `codec-tosa compile`'s path at W on tosa and at I on tosa, ethos-u85-256 and xnnpack,
 and validated: PASS where the plan's simulation is the oracle (bit-exact delegates),
 and for XNNPACK, whose arithmetic is not the plan's, INCOMPLETE with the SQNR against
-eager at least what stock XNNPACK reaches. Each program is compiled once per module.
+eager above a floor set under what stock XNNPACK reached when measured (not re-run here). Each program is compiled once per module.
 
 The default run keeps the regressions of issue 51 (F5: SmolLM2 at I on xnnpack; F7:
 no delegate of constants only at I on tosa) and the decode step at W (mutated buffers'
@@ -77,7 +77,7 @@ def test_compiles_and_validates_pass(compiled: Compiled, model: str, policy: str
 
 
 @pytest.mark.parametrize("model", ["smollm2", _slow("smollm2_decode"), _slow("siglip")])
-def test_xnnpack_is_held_to_eager_at_least_as_well_as_stock(compiled: Compiled, model: str) -> None:
+def test_xnnpack_sqnr_against_eager_is_above_its_floor(compiled: Compiled, model: str) -> None:
     result, v = compiled(model, "I", "xnnpack")
     assert set(_delegates(result)) == {"XnnpackBackend"}
     assert v.verdict is Verdict.INCOMPLETE, "\n".join(v.lines())  # no oracle but eager

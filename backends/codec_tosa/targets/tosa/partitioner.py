@@ -21,7 +21,7 @@ from codec_tosa.planning.provenance import option_specs, provenance_specs
 from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
-from codec_tosa.targets.tosa.tags import codes_at_boundaries, drop_constant_only, split_cycles
+from codec_tosa.targets.tosa.tags import DELEGATION_TAG, codes_at_boundaries, drop_constant_only, split_cycles
 from codec_tosa.targets.vgf.target import VgfTarget
 from codec_tosa.targets.vgf.tools import model_converter
 
@@ -120,7 +120,7 @@ class CodecTosaPartitioner(Partitioner):
         ep, tags = _tagged(self._arm.partition(exported_program))  # tags what TOSA can take
         self._real_state.update(_lifted_constants(ep))
         # operators left on the CPU run FP32, so partition boundaries are plain
-        delegated = {n.name for n in ep.graph.nodes if "delegation_tag" in n.meta}
+        delegated = {n.name for n in ep.graph.nodes if DELEGATION_TAG in n.meta}
         self.planned = plan_program(ep, self.codec_spec, self._calibration(ep), self._real_state, delegated)
         specs = (list(self.delegation_spec.compile_specs)
                  + provenance_specs(self.codec_spec, self.planned.to_json()))

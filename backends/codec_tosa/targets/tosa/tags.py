@@ -19,13 +19,14 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from codec_tosa.commutation.operators import DEQUANTIZES, QUANTIZE
 from codec_tosa.graph import target_key
 
-TAG = "delegation_tag"
+DELEGATION_TAG = "delegation_tag"
 
 
 def _tag(node: torch.fx.Node) -> str | None:
-    return node.meta.get(TAG)
+    return node.meta.get(DELEGATION_TAG)
 
 
 def split_cycles(gm: torch.fx.GraphModule, tags: Iterable[str]) -> list[str]:
@@ -77,7 +78,7 @@ def _dequantizes_follow_users(gm: torch.fx.GraphModule, tag: str, parts: dict[to
     cannot take in: Arm folds a dequantize into the operator that reads it). Its input,
     a quantize or a constant, is in a part no higher, so no level goes down an edge."""
     for node in list(gm.graph.nodes):
-        if node not in parts or node.op != "call_function" or not target_key(node.target).startswith(_DEQUANTIZE):
+        if node not in parts or node.op != "call_function" or target_key(node.target) not in DEQUANTIZES:
             continue
         by_part: dict[int, list[torch.fx.Node]] = {}
         for user in node.users:
@@ -94,10 +95,6 @@ def _dequantizes_follow_users(gm: torch.fx.GraphModule, tag: str, parts: dict[to
                 user.replace_input_with(node, copy)
             parts[copy] = k
     gm.recompile()
-
-
-_DEQUANTIZE = "quantized_decomposed.dequantize_per_"
-_QUANTIZE = "quantized_decomposed.quantize_per_"
 
 
 def _by_rank(gm: torch.fx.GraphModule, tags: list[str]) -> list[str]:
@@ -122,7 +119,7 @@ def _retag(gm: torch.fx.GraphModule, tag: str, parts: dict[torch.fx.Node, int], 
         return [tag]
     name = {k: tag if i == 0 else f"{tag}_{word}{k}" for i, k in enumerate(keys)}
     for node, k in parts.items():
-        node.meta[TAG] = name[k]
+        node.meta[DELEGATION_TAG] = name[k]
     _constants_follow_users(gm, set(name.values()))
     return list(name.values())
 
@@ -143,11 +140,11 @@ def codes_at_boundaries(gm: torch.fx.GraphModule, tags: Iterable[str]) -> None:
             if tag not in wanted or node.op != "call_function":
                 continue
             key = target_key(node.target)
-            outward = key.startswith(_DEQUANTIZE) and any(_tag(u) != tag for u in node.users)
-            inward = key.startswith(_QUANTIZE) and any(
+            outward = key in DEQUANTIZES and any(_tag(u) != tag for u in node.users)
+            inward = key == QUANTIZE and any(
                 a.op != "placeholder" and _tag(a) != tag for a in node.all_input_nodes)
             if outward or inward:
-                del node.meta[TAG]
+                del node.meta[DELEGATION_TAG]
                 changed = True
 
 
@@ -187,9 +184,9 @@ def _constants_follow_users(gm: torch.fx.GraphModule, tags: set[str]) -> None:
             continue
         users = {_tag(u) for u in node.users}
         if len(users) == 1 and None not in users:
-            node.meta[TAG] = users.pop()
+            node.meta[DELEGATION_TAG] = users.pop()
         else:
-            del node.meta[TAG]
+            del node.meta[DELEGATION_TAG]
 
 
 def drop_constant_only(ep: ExportedProgram, tags: Iterable[str]) -> list[str]:
@@ -211,8 +208,8 @@ def drop_constant_only(ep: ExportedProgram, tags: Iterable[str]) -> list[str]:
             kept.append(tag)
             continue
         for n in members:
-            del n.meta[TAG]
+            del n.meta[DELEGATION_TAG]
     return kept
 
 
-__all__ = ["codes_at_boundaries", "drop_constant_only", "split_cycles"]
+__all__ = ["DELEGATION_TAG", "codes_at_boundaries", "drop_constant_only", "split_cycles"]
