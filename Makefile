@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-slow test-all demo fuzz peer clean
 
-# Debian packages the VGF target needs (lavapipe and the Vulkan loader)
-APT_PACKAGES := mesa-vulkan-drivers libvulkan1
+# Debian packages: the VGF target's (lavapipe and the Vulkan loader), zlib's headers
+# for the C++ runtime backend (external weights' deflated skeletons)
+APT_PACKAGES := mesa-vulkan-drivers libvulkan1 zlib1g-dev
 
 $(STAMP): requirements.txt requirements/*.txt constraints.txt setup.py
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -19,7 +19,8 @@ from codec_tosa import CodecSpec, CodecTosaPartitioner, save
 from codec_tosa.planning.provenance import option_specs
 from codec_tosa.runtime import native
 from codec_tosa.runtime.executorch_runner import PteRunError, run_pte, run_pte_recorded
-from codec_tosa.runtime.pte import NamedData, ProgramFiles, PteError, delegates, program_files, read_ptd
+from codec_tosa.runtime.pte import (NamedData, ProgramFiles, PteError, delegates, program_files, read_ptd,
+                                   with_delegates_replaced)
 from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_stats import iter_constants
 from codec_tosa.tools.cli import as_flags, main
@@ -50,23 +51,25 @@ def test_the_payload_leaves_its_weights_to_the_ptd_and_is_put_back_byte_for_byte
     assert not external.is_external(whole) and external.is_external(payload)
     entries, skeleton = external.unpack(payload)
     assert ext.ptd is not None and inline.ptd is None
-    # the constants of MIN_BYTES or more go, except the helpers the serializer pools (at W
-    # a RESCALE's per-channel multipliers): the weights and the bias of the two linears
+    # every constant of MIN_BYTES or more goes: the weights and the bias of the two linears,
+    # and at W the helpers the serializer pools when that large (a RESCALE's per-channel
+    # multipliers), the graph-owned ones first
     big = {c.name: c.data for c in iter_constants(whole) if len(c.data) >= external.MIN_BYTES}
     helpers = {name for name in big if name.startswith("tosa_rescale")}
     assert bool(helpers) == (policy == "W")
-    big = {name: data for name, data in big.items() if name not in helpers}
-    assert {e.tensor for e in entries} == set(big) and len(entries) == 3
+    assert [e.tensor for e in entries][:3] == [n for n in big if n not in helpers]
+    assert {e.tensor for e in entries} == set(big) and len(entries) == 3 + len(helpers)
     for e in entries:  # content-addressed keys, the bytes of the inline constant
         assert e.key == external.weight_key(big[e.tensor]) and bytes(ext.ptd.get(e.key)) == big[e.tensor]
-    # the skeleton keeps the smaller constants (pooled helpers at W) and none of the data moved
+    # the skeleton keeps the smaller constants and none of the data moved
     kept = sum(len(c.data) for c in iter_constants(skeleton))
     assert kept == sum(len(c.data) for c in iter_constants(whole)) - sum(map(len, big.values())) > 0
     assert external.complete(payload, ext.ptd.get) == whole
-    weights = sum(map(len, big.values()))
-    # the skeleton lost the data, the side table costs little
-    assert len(skeleton) <= len(whole) - weights and len(payload) - len(skeleton) < 256 * len(entries)
+    weights = sum(len(big[n]) for n in big if n not in helpers)
     assert weights == (2 * 16 * 32 * (4 if policy == "Z" else 1) + 32 * 4)
+    # the skeleton lost the data, and is deflated in the payload (side table included)
+    assert len(skeleton) <= len(whole) - sum(map(len, big.values()))
+    assert len(payload) < len(skeleton) + 256 * len(entries)
 
 
 def test_outputs_are_bit_identical_to_the_inline_program(pair) -> None:
@@ -122,6 +125,12 @@ def test_the_cpp_backend_refuses_at_init_not_crashes(lowered) -> None:
         with pytest.raises(RuntimeError, match="0x30"):
             module.run_method("forward", (x,))
     named = ext.ptd.bytes()  # kept alive while the module runs
+    # a skeleton that does not inflate (its last bytes cut) is refused at init as well
+    (d,) = delegates(ext.pte)
+    cut = with_delegates_replaced(ext.pte, {d.index: (d.backend_id, bytes(d.payload)[:-4])})
+    module = portable_lib._load_for_executorch_from_buffer(cut, named)
+    with pytest.raises(RuntimeError, match="0x"):
+        module.run_method("forward", (x,))
     module = portable_lib._load_for_executorch_from_buffer(ext.pte, named)
     assert module.run_method("forward", (x,))[0].shape == (1, 6, 16)
 
@@ -131,6 +140,10 @@ def test_malformed_side_tables_and_wrong_blobs_are_refused() -> None:
     entry = external.Entry("main", "main", "w", external.weight_key(b"x" * 8), 8)
     payload = external.pack([entry], skeleton)
     assert external.unpack(payload) == ([entry], skeleton)
+    raw = external.pack([entry], skeleton, external.RAW)
+    assert external.unpack(raw) == ([entry], skeleton) and raw.endswith(skeleton) and len(raw) > len(payload)
+    with pytest.raises(external.ExternalWeightsError, match="skeleton does not inflate"):
+        external.unpack(payload[:-4])
     with pytest.raises(external.ExternalWeightsError, match="side table is truncated"):
         external.unpack(payload[:8] + struct.pack("<I", 2) + payload[12:])  # 2 entries, 1 written
     with pytest.raises(external.ExternalWeightsError, match="malformed header"):
@@ -147,16 +160,17 @@ def compiled(tmp_path_factory) -> Path:
     result = compile_module("linear_head", small_models.linear_head(), CodecSpec("W", external_weights=True), out,
                             progress=False, samples=2)
     assert result.files == ("model.ptd",)
-    assert result.report["ptd"] == {"file": "model.ptd", "bytes": (out / "model.ptd").stat().st_size, "keys": 3}
+    assert result.report["ptd"] == {"file": "model.ptd", "bytes": (out / "model.ptd").stat().st_size, "keys": 4}
     return out
 
 
 def test_compile_writes_the_pair_and_validate_passes_it(compiled, capsys) -> None:
     v = validate(compiled / "model.pte")
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
-    assert any("named data: " in n and "3 keys" in n for n in v.notes)
+    # the two linears' weights and a bias (1,152 bytes), a RESCALE's 32 multipliers (128)
+    assert any("named data: " in n and "4 keys" in n for n in v.notes)
     lines = report_lines(compiled / "model.pte", lambda h, r: "")
-    assert any(line.startswith("external weights: 3 constants, 1152 bytes in the .ptd") for line in lines)
+    assert any(line.startswith("external weights: 4 constants, 1280 bytes in the .ptd") for line in lines)
 
 
 def test_an_inline_compile_into_the_same_directory_removes_the_stale_ptd(compiled, tmp_path) -> None:
@@ -168,7 +182,7 @@ def test_an_inline_compile_into_the_same_directory_removes_the_stale_ptd(compile
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("missing", r"model\.ptd: missing: delegate 0 of .*model\.pte reads 3 blobs of named data"),
+    ("missing", r"model\.ptd: missing: delegate 0 of .*model\.pte reads 4 blobs of named data"),
     ("truncated", r"model\.ptd: truncated: its segments need \d+ bytes, the file has \d+"),
     ("empty", r"model\.ptd: empty, not a \.ptd"),
     ("garbage", r"model\.ptd: not an ExecuTorch named-data file \(\.ptd\)"),
@@ -243,7 +257,7 @@ def test_a_model_without_large_constants_stays_inline(tmp_path) -> None:
 
 def test_read_ptd_serves_views_of_the_mapped_file(compiled) -> None:
     named = read_ptd(compiled / "model.ptd")
-    assert len(named) == 3 and named.nbytes == (compiled / "model.ptd").stat().st_size
+    assert len(named) == 4 and named.nbytes == (compiled / "model.ptd").stat().st_size
     key = next(iter(named))
     assert isinstance(named.get(key), memoryview) and named.get("nope") is None
     assert NamedData(named.bytes(), "copy").get(key) == named.get(key)

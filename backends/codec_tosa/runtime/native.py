@@ -143,6 +143,7 @@ def _command(tc: _Toolchain, output: Path) -> list[str]:
         f"-Wl,-rpath,{et_lib}",
         "-lpthread",
         "-ldl",
+        "-lz",  # external weights' deflated skeletons
     ]
 
 

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <utility>
 
+#include <zlib.h>
+
 #include "flatbuffers/verifier.h"
 #include "model_runner.h"
 #include "tosa_serialization_handler.h"
@@ -246,11 +248,13 @@ const char* graph_status_name(GraphStatus status) {
 //   0   char[4] "CTW1"
 //   4   u32 header_size   offset of the TOSA flatbuffer, a multiple of 16
 //   8   u32 entry_count
-//   12  u32 reserved (0)
+//   12  u32 encoding      0: the skeleton as it is, 1: zlib-deflated
 //   16  entry_count x { u64 nbytes; u32 len + region name; u32 len + block name;
 //                       u32 len + tensor name; u32 len + named-data key }
-//   header_size: the TOSA flatbuffer; each listed tensor is a CONST whose data
-//                is empty there and is `nbytes` bytes under `key`.
+//   header_size: the skeleton TOSA flatbuffer; each listed tensor is a CONST
+//                whose data is empty there and is `nbytes` bytes under `key`.
+constexpr uint32_t kSkeletonRaw = 0;
+constexpr uint32_t kSkeletonDeflated = 1;
 struct ExternalEntry {
   uint64_t nbytes = 0;
   std::string region, block, tensor, key;
@@ -288,13 +292,13 @@ class HeaderReader {
 
 bool parse_external_header(
     const uint8_t* bytes, size_t size, size_t* flatbuffer_offset,
-    std::vector<ExternalEntry>* entries, std::string* error) {
+    uint32_t* encoding, std::vector<ExternalEntry>* entries, std::string* error) {
   HeaderReader reader(bytes, size);
   reader.seek(4);
-  uint32_t header_size = 0, count = 0, reserved = 0;
-  if (!reader.u32(&header_size) || !reader.u32(&count) || !reader.u32(&reserved) ||
+  uint32_t header_size = 0, count = 0;
+  if (!reader.u32(&header_size) || !reader.u32(&count) || !reader.u32(encoding) ||
       header_size % 16 != 0 || header_size < 16 || header_size >= size ||
-      reserved != 0) {
+      (*encoding != kSkeletonRaw && *encoding != kSkeletonDeflated)) {
     *error = "external-weights payload has a malformed header";
     return false;
   }
@@ -312,6 +316,36 @@ bool parse_external_header(
     entries->push_back(std::move(entry));
   }
   *flatbuffer_offset = header_size;
+  return true;
+}
+
+// The deflated skeleton, inflated into `out`.
+bool inflate_skeleton(const uint8_t* data, size_t size, std::vector<uint8_t>* out,
+                      std::string* error) {
+  z_stream stream{};
+  if (inflateInit(&stream) != Z_OK) {
+    *error = "external-weights payload: zlib could not start";
+    return false;
+  }
+  stream.next_in = const_cast<Bytef*>(data);
+  stream.avail_in = static_cast<uInt>(size);
+  out->resize(8 * size + 4096);
+  int status = Z_OK;
+  while (status == Z_OK) {
+    if (stream.total_out == out->size()) {
+      out->resize(2 * out->size());
+    }
+    stream.next_out = out->data() + stream.total_out;
+    stream.avail_out = static_cast<uInt>(out->size() - stream.total_out);
+    status = inflate(&stream, Z_NO_FLUSH);
+  }
+  out->resize(stream.total_out);
+  inflateEnd(&stream);
+  if (status != Z_STREAM_END) {
+    *error = "external-weights payload: its skeleton does not inflate (zlib " +
+        std::to_string(status) + ")";
+    return false;
+  }
   return true;
 }
 
@@ -483,11 +517,13 @@ std::unique_ptr<TosaProgram> TosaProgram::parse(
   }
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
   std::vector<ExternalEntry> external;
+  std::vector<uint8_t> inflated;  // the skeleton, while the handler reads it
   const bool has_external =
       std::memcmp(bytes, kExternalWeightsMagic, sizeof kExternalWeightsMagic) == 0;
   if (has_external) {
     size_t offset = 0;
-    if (!parse_external_header(bytes, size, &offset, &external, error)) {
+    uint32_t encoding = kSkeletonRaw;
+    if (!parse_external_header(bytes, size, &offset, &encoding, &external, error)) {
       return nullptr;
     }
     if (fetch == nullptr) {
@@ -497,6 +533,13 @@ std::unique_ptr<TosaProgram> TosaProgram::parse(
     }
     bytes += offset;
     size -= offset;
+    if (encoding == kSkeletonDeflated) {
+      if (!inflate_skeleton(bytes, size, &inflated, error)) {
+        return nullptr;
+      }
+      bytes = inflated.data();
+      size = inflated.size();
+    }
   }
 
   // The serialization handler trusts its input; verify first so that a
