@@ -161,6 +161,25 @@ def test_compile_lets_the_artefact_decide_and_validate_says_so(tmp_path, monkeyp
     assert any("decided by the artefact's own rounding" in line for line in v.lines())
 
 
+def test_the_artefact_is_asked_within_the_reference_stages_budget(tmp_path, monkeypatch) -> None:
+    """compile without --samples: the artefact (a reference-model run of the whole
+    program) decides the example's codes always, a held-out set's only while the
+    budget allows (here none); those sets keep the envelope of their codes flipped
+    together, and report.json counts the runs."""
+    monkeypatch.setattr(simulation, "MAX_FLIPS", 0)
+    monkeypatch.setattr("codec_tosa.tools.compiler.reference_budget", lambda other_s: 0.0)
+    (tmp_path / "model.py").write_text(TRANSFORMER_MODEL_FILE)
+    result = compile_model(f"{tmp_path / 'model.py'}:build", CodecSpec(policy="W"), tmp_path / "W", progress=False)
+    io = np.load(result.out_dir / "reference_io.npz")
+    held = result.report["held_out"]
+    assert held["artefact_runs"] == 1 and held["artefact_s"] > 0 and held["stored"] >= 2
+    assert io["artefact_flipped"][0] >= 0 and (io["artefact_flipped"][1:] < 0).all()
+    assert io["envelope_complete"][0] and not io["envelope_complete"][1:].any()
+    assert result.report["ambiguous_codes"]["decided_by_artefact"] == 1
+    v = validate(result.out_dir / "model.pte")
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+
+
 class _PositionsOnTheCpu(nn.Module):
     """One delegate call reading the input and a value the CPU computes from shapes only."""
 
