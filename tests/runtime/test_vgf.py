@@ -175,3 +175,32 @@ def test_a_delegate_the_converter_rejects_fails_lowering_in_one_line(model, monk
         lower_program(ep, CodecSpec(policy="W", target="vgf"), calib)
     assert caught.value.operator == "ABS" and "\n" not in str(caught.value)
     assert str(caught.value).startswith("VgfBackend delegate: model-converter failed at TOSA operator ABS")
+
+
+class _EmbeddingOnTheCpu(torch.nn.Module):
+    """A VGF delegate reading what the CPU computes from the input (an int64 lookup)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding, self.linear = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.linear(self.embedding(tokens)), dim=-1)
+
+
+def test_a_vgf_fed_by_the_cpu_is_run_on_the_inputs_its_call_recorded(tmp_path) -> None:
+    """Issue 51 (F6): the VGF reads the CPU's embedding lookup; validate runs the program
+    with the VGF's TOSA in its place, records the call's inputs, runs the VGF on them
+    and holds it to the reference model, and the output is compared: PASS, not INCOMPLETE."""
+    from codec_tosa.tools.compiler import compile_module
+    from codec_tosa.validation.validate import Verdict, validate
+
+    tokens = torch.tensor([[1, 5, 9, 2, 14, 7]])
+    result = compile_module("embedding_on_cpu", (_EmbeddingOnTheCpu(), (tokens,)), CodecSpec("W", target="vgf"),
+                            tmp_path / "vgf", progress=False, samples=2)
+    v = validate(result.pte)
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+    assert any("on the inputs its call recorded" in n for n in v.notes)
+    (check,) = v.delegates
+    assert check.reason is None and check.calls == 3 and all(m is not None for m in check.max_abs)

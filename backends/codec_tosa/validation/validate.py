@@ -96,12 +96,22 @@ class DelegateCall:
     outputs: list[np.ndarray | None]  # the runtime's output k of the call; None: not observed
 
 
-def compare_call(call: DelegateCall, path: str | Path) -> list[float | None]:
-    """max |reference model - runtime| per output of the call (None: not observed).
-    Raises ReferenceModelError when the reference model cannot run it."""
+def compare_call(call: DelegateCall, path: str | Path, fp32_rtol: float = 0.0) -> list[float | None]:
+    """max |reference model - runtime| per output of the call (None: not observed),
+    beyond `fp32_rtol` of the reference's span on a floating-point output (0: bit for
+    bit). Raises ReferenceModelError when the reference model cannot run it."""
     ref = run_reference_model(call.tosa, call.inputs, path)
-    return [None if out is None else max_difference(ref[k].reshape(out.shape), out)
-            for k, out in enumerate(call.outputs)]
+    out_diffs: list[float | None] = []
+    for k, out in enumerate(call.outputs):
+        if out is None:
+            out_diffs.append(None)
+            continue
+        r = ref[k].reshape(out.shape)
+        d = max_difference(r, out)
+        if fp32_rtol and np.issubdtype(r.dtype, np.floating):
+            d = max(0.0, d - fp32_rtol * finite_span(r))
+        out_diffs.append(d)
+    return out_diffs
 
 
 @dataclass
@@ -113,6 +123,7 @@ class DelegateCheck:
     max_abs: list[float | None]  # per delegate output; None: never compared
     reason: str | None = None  # why it could not run on the reference model
     calls: int = 0  # calls the runtime recorded over the input sets
+    fp32_rtol: float = 0.0  # max_abs of an FP32 output is what lies beyond this share of its span
 
     @property
     def failed(self) -> bool:
@@ -132,7 +143,8 @@ class DelegateCheck:
                     "branch none of them takes): incomplete")
         seen = [m for m in self.max_abs if m is not None]
         unseen = [k for k, m in enumerate(self.max_abs) if m is None]
-        worst = f"max |diff| {max(seen):.3g}" if seen else "nothing compared"
+        beyond = f" beyond {self.fp32_rtol:g} of the span on FP32 outputs" if self.fp32_rtol else ""
+        worst = f"max |diff|{beyond} {max(seen):.3g}" if seen else "nothing compared"
         missing = (f"; outputs {unseen} feed the CPU and were not compared" if unseen else "")
         return f"{head}: {worst} on {len(seen)} of {len(self.max_abs)} outputs{missing}: " + \
             ("FAIL" if self.failed else "ok" if not unseen else "incomplete")
@@ -379,6 +391,12 @@ class _Runner:
     compute one) and the delegate calls it observed."""
 
     name = "runtime"
+    # whether it observes what each delegate call really read, a call fed by CPU
+    # operators included (otherwise such a call cannot be compared)
+    records_calls = True
+    # how far a delegate's floating-point output may be from the reference model's,
+    # relative to its span: 0, bit for bit, where the runtime runs the reference model
+    fp32_rtol = 0.0
 
     def run(self, case: Case) -> tuple[list[np.ndarray | None], list[DelegateCall]]:
         raise NotImplementedError
@@ -427,27 +445,52 @@ class _ExecuTorchRunner(_Runner):
 
 class _VgfRunner(_Runner):
     """Each VGF delegate on the ML SDK emulation layer (lavapipe), on the program
-    inputs it reads; a program output is known where a delegate writes it."""
+    inputs it reads; a program output is known where a delegate writes it.
+
+    With `stand_in` (the program with each VGF delegate's TOSA in its place, where
+    some delegate reads values the CPU computes): the program runs in ExecuTorch
+    first, its delegates on the reference model, recording each call's inputs; each
+    VGF then runs on the inputs its call recorded, and a program output no VGF
+    writes is the stand-in's, which the CPU computed from the reference model's
+    outputs (each held to its VGF's by the delegate check)."""
 
     name = "VGF on the emulation layer"
+    # a GPU's FP32 (lavapipe's exp, its summation order) is not the reference model's:
+    # FP32 outputs are held to the policy-Z criterion, integer ones bit for bit
+    fp32_rtol = Z_RTOL
 
-    def __init__(self, wirings: list[DelegateWiring], by_index: dict[int, _Delegate], n_outputs: int) -> None:
-        self.wirings, self.by_index, self.n_outputs = wirings, by_index, n_outputs
+    def __init__(self, wirings: list[DelegateWiring], by_index: dict[int, _Delegate], n_outputs: int,
+                 stand_in: ProgramFiles | None = None) -> None:
+        self.wirings, self.by_index, self.n_outputs, self.stand_in = wirings, by_index, n_outputs, stand_in
+        self.records_calls = stand_in is not None
 
     def run(self, case: Case) -> tuple[list[np.ndarray | None], list[DelegateCall]]:
         outs: list[np.ndarray | None] = [None] * self.n_outputs
         calls = []
+        recorded: dict[int, list[list[np.ndarray]]] = {}  # per delegate, its calls' inputs in order
+        cpu_outputs: list[np.ndarray] = []
+        if self.stand_in is not None:
+            ran, observed = run_pte_recorded(self.stand_in, case.inputs)
+            cpu_outputs = [t.detach().numpy() for t in ran]
+            for r in observed:
+                recorded.setdefault(r.delegate_index, []).append([np.asarray(x) for x in r.inputs])
         for w in self.wirings:
-            if w.input_positions is None:
+            if w.input_positions is not None:
+                ins = [case.inputs[i].numpy() for i in w.input_positions]
+            elif recorded.get(w.delegate):
+                ins = recorded[w.delegate].pop(0)
+            else:
                 continue
             d = self.by_index[w.delegate]
-            ins = [case.inputs[i].numpy() for i in w.input_positions]
             got: list[np.ndarray | None] = list(run_vgf(d.payload, ins, f"delegate {w.delegate}"))
             for p, k in enumerate(w.output_of):
                 if k is not None:
                     outs[p] = got[k]
             if d.tosa is not None:
                 calls.append(DelegateCall(w.delegate, d.tosa, ins, got))
+        for p, value in enumerate(cpu_outputs[:self.n_outputs]):
+            if outs[p] is None:
+                outs[p] = value
         return outs, calls
 
 
@@ -594,7 +637,16 @@ def make_runner(checked: Checked, data: bytes, pte: str | Path, wirings: list[De
     target, by_index = checked.target, checked.delegates
     notes = [target.run_note] if target.run_note else []
     if target.runs_on == VGF_EMULATION:
-        return _VgfRunner(wirings, by_index, n_outputs), notes
+        stand_in = None
+        if (any(w.input_positions is None for w in wirings)
+                and all(d.tosa is not None for d in by_index.values())):
+            stand_in = ProgramFiles(with_delegates_replaced(
+                data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()}, pte), ptd)
+            notes = ["this ExecuTorch runtime has no VgfBackend, and a VGF reads values the CPU computes: "
+                     "the program ran in ExecuTorch with each VGF's TOSA on the reference model in its place, "
+                     "each VGF then ran on the ML SDK emulation layer (lavapipe) on the inputs its call "
+                     "recorded, and the outputs the CPU computes are from that run"]
+        return _VgfRunner(wirings, by_index, n_outputs, stand_in), notes
     if target.runs_on in (TOSA_STAND_IN, RELABELLED):
         # each delegate replaced by a CodecTosaBackend one on its TOSA (beside the .pte, or the payload)
         stand_in = with_delegates_replaced(data, {i: (BACKEND_ID, d.tosa) for i, d in by_index.items()
@@ -628,29 +680,31 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     return result
 
 
-def _delegate_checks(wirings: list[DelegateWiring], target: Checked) -> dict[int, DelegateCheck]:
-    """One check per delegate, with the reason it cannot be held to the reference model (if any)."""
-    vgf = target.target.runs_on == VGF_EMULATION
-    # the runtime records what each call really read, so a CPU-fed delegate is
-    # compared too; the emulation layer sees only what the program hands it
+def _delegate_checks(wirings: list[DelegateWiring], target: Checked, recorded: bool) -> dict[int, DelegateCheck]:
+    """One check per delegate, with the reason it cannot be held to the reference model (if any).
+    `recorded`: the runner observes what each call really read, so a CPU-fed delegate is
+    compared too (else it sees only what the program hands it)."""
     return {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
-                                      (w.reason if vgf else None) or (
+                                      (None if recorded else w.reason) or (
                                           None if target.delegates[w.delegate].tosa is not None
                                           else "its TOSA is not available" if target.target.tosa_beside
                                           else f"a {target.backend_id} flatbuffer: no reference model runs it"))
             for w in wirings}
 
 
-def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pte: str) -> bool:
-    """Hold each recorded delegate call to the reference model; whether any ran."""
+def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pte: str,
+                 fp32_rtol: float = 0.0) -> bool:
+    """Hold each recorded delegate call to the reference model (FP32 outputs within
+    `fp32_rtol` of their span); whether any ran."""
     ran = False
     for call in calls:
         check = checks[call.delegate]
         check.calls += 1
+        check.fp32_rtol = fp32_rtol
         if check.reason is not None:
             continue
         try:
-            diffs = compare_call(call, pte)
+            diffs = compare_call(call, pte, fp32_rtol)
         except ReferenceModelError as e:
             check.reason = str(e)
             continue
@@ -719,7 +773,7 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
             wirings: list[DelegateWiring], target: Checked, n_out: int) -> Validation:
     """Run every input set; hold each delegate call to the reference model, the
     planned FP32 program to eager, and each program output to its plan's criterion."""
-    checks = _delegate_checks(wirings, target)
+    checks = _delegate_checks(wirings, target, runner.records_calls)
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
     reference = target.reference
@@ -734,7 +788,7 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     ran = False
     for case in cases:
         outs, calls = runner.run(case)
-        ran = _check_calls(checks, calls, pte) or ran
+        ran = _check_calls(checks, calls, pte, runner.fp32_rtol) or ran
         expected = expected_of(case)
         for p, out in enumerate(outs):
             o = result_outputs[p]
