@@ -124,10 +124,14 @@ class DelegateCheck:
     reason: str | None = None  # why it could not run on the reference model
     calls: int = 0  # calls the runtime recorded over the input sets
     fp32_rtol: float = 0.0  # max_abs of an FP32 output is what lies beyond this share of its span
+    # outputs that are program outputs, judged there against the simulation with the
+    # allowance of the ambiguous codes, not here (a VGF: a GPU's FP32 may round an
+    # ambiguous code the other way, which moves its output by a step)
+    deferred: tuple[int, ...] = ()
 
     @property
     def failed(self) -> bool:
-        return any(m is not None and m != 0.0 for m in self.max_abs)
+        return any(m is not None and m != 0.0 for k, m in enumerate(self.max_abs) if k not in self.deferred)
 
     @property
     def complete(self) -> bool:
@@ -146,6 +150,10 @@ class DelegateCheck:
         beyond = f" beyond {self.fp32_rtol:g} of the span on FP32 outputs" if self.fp32_rtol else ""
         worst = f"max |diff|{beyond} {max(seen):.3g}" if seen else "nothing compared"
         missing = (f"; outputs {unseen} feed the CPU and were not compared" if unseen else "")
+        if self.deferred and any(self.max_abs[k] for k in self.deferred):
+            missing += (f"; output{'s' if len(self.deferred) > 1 else ''} {', '.join(map(str, self.deferred))} "
+                        "held to the simulation below instead (program outputs: the allowance of the "
+                        "ambiguous codes covers a code the GPU's FP32 rounds the other way)")
         return f"{head}: {worst} on {len(seen)} of {len(self.max_abs)} outputs{missing}: " + \
             ("FAIL" if self.failed else "ok" if not unseen else "incomplete")
 
@@ -776,6 +784,9 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     checks = _delegate_checks(wirings, target, runner.records_calls)
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
+    if runner.fp32_rtol:  # (`DelegateCheck.deferred`)
+        for d, k in source.values():
+            checks[d].deferred = tuple(sorted({*checks[d].deferred, k}))
     reference = target.reference
     has_eager = all(c.eager is not None for c in cases)
     expected_of: Callable[[InputSet], list[np.ndarray] | None] = (
@@ -800,8 +811,9 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
                 _against_expected(o, p, out, expected[p], case, reference, steps, worst_ratio)
     for p, o in enumerate(result_outputs):
         if p in source:
-            m = checks[source[p][0]].max_abs[source[p][1]]
-            o.ref_vs_runtime_max_abs = math.nan if m is None else m
+            check, k = checks[source[p][0]], source[p][1]
+            m = check.max_abs[k]
+            o.ref_vs_runtime_max_abs = math.nan if m is None or k in check.deferred else m
         if ref is not None and ref.sensitivity is not None and p < len(ref.sensitivity) and not reference:
             o.sensitivity = ref.sensitivity[p]
 
