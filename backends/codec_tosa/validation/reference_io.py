@@ -210,10 +210,11 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
     the reference model: on an input set with too many ambiguous codes to flip
     each alone, its own rounding decides them (`tools.artefact_rounding`). That is a
     reference-model run of the whole program (a minute per SigLIP layer at 1,024
-    tokens), so within `budget_s` it is asked on the example always, and on a
-    held-out set only while one more such run ends within the budget; the other
-    sets keep the envelope of their codes flipped together, which validate reports
-    as undecided where it matters."""
+    tokens), so within `budget_s` it is asked on the example and the first held-out
+    set always, and on a later one only while one more such run ends within the
+    budget: the first set it would have to decide past that ends the stage, below
+    `MIN_SAMPLES` if need be, so that every stored set is decided and validate can
+    hold the artefact to it exactly."""
     cases = [tuple(inputs), *(tuple(x) for x in held_out)]
     plan = simulated and planned is not None
     # asked set after set: its exposed copies made once, its inputs taken directly where it can
@@ -234,7 +235,7 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
     def ask(k: int) -> bool:
         if asked is None:
             return False
-        if k == 0 or budget_s is None or not asking_s:
+        if k <= 1 or budget_s is None or not asking_s:
             return True
         return time.perf_counter() - start + sum(asking_s) / len(asking_s) <= budget_s
 
@@ -253,7 +254,10 @@ def reference_outputs(planned: PlannedProgram | None, module: Callable[..., Any]
             if spec.reference:
                 s.simulated = [_numpy(t) for t in simulate(planned, s.inputs)]
             else:
-                e = simulate_envelope(planned, x, artefact=(lambda: resolver(s.inputs)) if ask(k) else None)
+                asking = ask(k)
+                e = simulate_envelope(planned, x, artefact=(lambda: resolver(s.inputs)) if asking else None)
+                if not e.complete and asked is not None and not asking:
+                    break  # the artefact would have to decide it, past the budget
                 envelopes.append(e)
                 s.simulated = [_numpy(t) for t in e.outputs]
                 s.ambiguous, s.envelope_complete = len(e.ambiguous), e.complete
