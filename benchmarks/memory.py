@@ -33,7 +33,8 @@ Usage (from the repository root)::
 ``NAME@N`` is the transformer NAME (smollm2, smollm2_decode, siglip) with N layers
 (``smollm2`` alone: all 30). ``--flows`` picks some of the flows (for the full-depth
 transformers, whose activations per layer are those of a shallow copy: only the
-files change with depth).
+files change with depth); in the JSON they replace those flows of the model's row and
+keep the others.
 """
 
 from __future__ import annotations
@@ -400,12 +401,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print(markdown(json.loads(out.read_text())["models"]))
         return 0
-    # the JSON keeps the other models' rows of earlier runs: a run of one model updates its own
+    # the JSON keeps the other models' rows of earlier runs: a run of one model updates its own,
+    # and a run of some of its flows (--flows) those flows only
     kept = json.loads(out.read_text())["models"] if out.is_file() else []
+    earlier = {r["model"]: r for r in kept}
     results = []
     for spec in [m for m in args.models.split(",") if m]:
         started = time.perf_counter()
-        results.append(run_model(spec, args.repeats, args.vela, flows))
+        result = run_model(spec, args.repeats, args.vela, flows)
+        if "flows" in result and "flows" in earlier.get(spec, {}):
+            result["flows"] = {**earlier[spec]["flows"], **result["flows"]}
+        results.append(result)
         print(f"{spec}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
         done = {r["model"] for r in results}
         out.parent.mkdir(parents=True, exist_ok=True)
