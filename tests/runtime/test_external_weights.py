@@ -312,3 +312,21 @@ def test_the_cpu_operators_constants_go_to_the_same_ptd() -> None:
     for t in tokens:  # held-out tokens too: the same outputs, bit for bit
         got, want = run_pte(ext.program, [t]), run_pte(inline.pte, [t])
         assert [g.numpy().tobytes() for g in got] == [w.numpy().tobytes() for w in want]
+
+
+def test_a_wide_linear_with_its_helpers_external_runs_and_validates(tmp_path) -> None:
+    """Pooled helpers of 128 bytes or more go to the .ptd too, but only where their data
+    is what their shape needs: Arm writes a Linear's weight zero point as a [1] tensor
+    with one byte per output channel, which the runtime would refuse (a 160-wide Linear:
+    160 bytes). Through compile and validate."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 160), torch.nn.GELU(), torch.nn.Linear(160, 16))
+    x = torch.randn(1, 4, 16)
+    result = compile_module("wide", (model, (x,)), CodecSpec("W", external_weights=True), tmp_path / "W",
+                            progress=False, samples=2)
+    (d,) = delegates(Path(result.pte).read_bytes())
+    entries, skeleton = external.unpack(d.payload)
+    shapes = {c.name: c for c in iter_constants(skeleton)}
+    assert len(entries) > 4  # four weights and biases, and helpers
+    assert all(e.tensor in shapes or e.nbytes >= external.MIN_BYTES for e in entries)
+    assert validate(result.pte).verdict is Verdict.PASS

@@ -180,6 +180,20 @@ def test_the_artefact_is_asked_within_the_reference_stages_budget(tmp_path, monk
     assert v.verdict is Verdict.PASS, "\n".join(v.lines())
 
 
+def test_the_artefact_decides_with_its_weights_in_a_ptd(tmp_path, monkeypatch) -> None:
+    """External weights: the artefact's rounding is read from the whole flatbuffer the
+    recorded call carries, not from the payload (a side table and a deflated skeleton)."""
+    monkeypatch.setattr(simulation, "MAX_FLIPS", 0)
+    (tmp_path / "model.py").write_text(TRANSFORMER_MODEL_FILE)
+    result = compile_model(f"{tmp_path / 'model.py'}:build", CodecSpec(policy="W", external_weights=True),
+                           tmp_path / "W", progress=False, samples=2)
+    assert result.files == ("model.ptd",)
+    ambiguous = result.report["ambiguous_codes"]
+    assert ambiguous["decided_by_artefact"] == 3 and ambiguous["complete"]
+    v = validate(result.out_dir / "model.pte")
+    assert v.verdict is Verdict.PASS, "\n".join(v.lines())
+
+
 class _PositionsOnTheCpu(nn.Module):
     """One delegate call reading the input and a value the CPU computes from shapes only."""
 

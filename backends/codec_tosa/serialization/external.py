@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tosa_serializer as ts
+from tosa.DType import DType
 from tosa.TosaGraph import TosaGraph
 
 from codec_tosa.quiet import quiet
@@ -68,6 +69,10 @@ ALIGNMENT = 16  # of each blob in the .ptd, as XNNPACK's and Vela's
 # constant would cost the .ptd more padding than it saves the .pte
 MIN_BYTES = 128
 RAW, DEFLATED = 0, 1  # the skeleton's encoding
+# bytes per element of the dtypes a pooled helper can have (the runtime checks each
+# external constant's size against its shape and dtype)
+_ITEMSIZE = {DType.BOOL: 1, DType.INT8: 1, DType.INT16: 2, DType.INT32: 4, DType.INT48: 6, DType.INT64: 8,
+             DType.FP16: 2, DType.BF16: 2, DType.FP32: 4}
 _HEAD = struct.Struct("<4sIII")
 
 Where = tuple[str, str, str]  # (region, basic block, tensor) of a constant
@@ -191,10 +196,13 @@ def externalize(full: bytes, serializer: ts.TosaSerializer, owned: Sequence[Wher
     tensors = _flatbuffer_tensors(full)
     entries: list[Entry] = []
     blobs: list[tuple[str, bytes]] = []
+    graph_owned = set(owned)
     for where in dict.fromkeys([*owned, *tensors]):  # in order, once each
         tensor = tensors.get(where)
         if tensor is None or tensor.DataLength() < max(min_bytes, 1):
             continue
+        if where not in graph_owned and not _sized_by_shape(tensor):
+            continue  # Arm writes some helpers with more data than their shape (a [1] zero point of 576 bytes)
         data = tensor.DataAsNumpy().tobytes()
         key = weight_key(data, tag)
         entries.append(Entry(*where, key, len(data)))
@@ -204,6 +212,13 @@ def externalize(full: bytes, serializer: ts.TosaSerializer, owned: Sequence[Wher
     for e in entries:
         _serializer_tensor(serializer, (e.region, e.block, e.tensor)).data = []
     return pack(entries, bytes(serializer.serialize())), blobs
+
+
+def _sized_by_shape(tensor: Any) -> bool:
+    """Whether a flatbuffer tensor's data is exactly what its shape and dtype need."""
+    itemsize = _ITEMSIZE.get(tensor.Type())
+    return itemsize is not None and tensor.DataLength() == itemsize * int(np.prod(tensor.ShapeAsNumpy()
+                                                                                  if tensor.ShapeLength() else []))
 
 
 @contextmanager

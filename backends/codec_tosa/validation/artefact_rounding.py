@@ -41,6 +41,7 @@ from codec_tosa.quiet import quiet
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import NUMPY_DTYPES, PteRunError, run_pte_recorded
 from codec_tosa.runtime.pte import PteError, ProgramFiles, delegates, input_derived_values, inspect_pte
+from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
@@ -200,6 +201,9 @@ def _direct_of(pte: bytes, recorded: Sequence[Any]) -> _Direct | None:
                         if d.method == info.method and d.index == call.delegate_index), None)
         if payload is None:
             return None
+        if external.is_external(payload):
+            # weights in named data: the recorded call carries the whole flatbuffer
+            payload = recorded[0].payload
         specs, outs = entry_io_tensors(payload)
         derived = input_derived_values(pte)
     except (PteError, ValueError):
