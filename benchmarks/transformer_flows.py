@@ -40,9 +40,9 @@ worst and the pooled SQNR of its logits over the steps, and the steps whose argm
 is eager's. The held-out inputs of the decode step all equal the example (its inputs
 are integers, which `random_calibration` clones): the rollout is its real test.
 
-Left out: VGF latency and VGF on its emulation layer (no runtime here; validate says
-INCOMPLETE for it), Arm's static int8 KV cache variants and the int32-cast FP flow
-(in the notes), Ethos-U55, full depth.
+Left out: VGF latency (no VgfBackend runtime here: validate runs each VGF on the
+emulation layer, its SQNR is its TOSA's), Arm's static int8 KV cache variants and the
+int32-cast FP flow, Ethos-U55; full depth only as ``NAME@30`` with ``--flows``.
 
 Usage (from the repository root)::
 
