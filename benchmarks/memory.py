@@ -403,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # the JSON keeps the other models' rows of earlier runs: a run of one model updates its own,
     # and a run of some of its flows (--flows) those flows only
-    kept = json.loads(out.read_text())["models"] if out.is_file() else []
-    earlier = {r["model"]: r for r in kept}
+    earlier = {r["model"]: r for r in (json.loads(out.read_text())["models"] if out.is_file() else [])}
     results = []
     for spec in [m for m in args.models.split(",") if m]:
         started = time.perf_counter()
@@ -413,10 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             result["flows"] = {**earlier[spec]["flows"], **result["flows"]}
         results.append(result)
         print(f"{spec}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        done = {r["model"] for r in results}
+        earlier[spec] = result  # in its earlier row's place, a new model last
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"models": [r for r in kept if r["model"] not in done] + results,
-                                   "repeats": args.repeats}, indent=1))
+        out.write_text(json.dumps({"models": list(earlier.values()), "repeats": args.repeats}, indent=1))
     print(table(results))
     return 0
 

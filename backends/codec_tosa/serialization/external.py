@@ -53,11 +53,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tosa_serializer as ts
-from tosa.DType import DType
 from tosa.TosaGraph import TosaGraph
 
 from codec_tosa.quiet import quiet
-from codec_tosa.serialization.tosa_stats import tosa_version
+from codec_tosa.serialization.tosa_stats import tensor_nbytes, tosa_version
 
 MAGIC = b"CTW1"
 KEY_PREFIX = "codec_tosa:"
@@ -69,10 +68,6 @@ ALIGNMENT = 16  # of each blob in the .ptd, as XNNPACK's and Vela's
 # constant would cost the .ptd more padding than it saves the .pte
 MIN_BYTES = 128
 RAW, DEFLATED = 0, 1  # the skeleton's encoding
-# bytes per element of the dtypes a pooled helper can have (the runtime checks each
-# external constant's size against its shape and dtype)
-_ITEMSIZE = {DType.BOOL: 1, DType.INT8: 1, DType.INT16: 2, DType.INT32: 4, DType.INT48: 6, DType.INT64: 8,
-             DType.FP16: 2, DType.BF16: 2, DType.FP32: 4}
 _HEAD = struct.Struct("<4sIII")
 
 Where = tuple[str, str, str]  # (region, basic block, tensor) of a constant
@@ -215,10 +210,10 @@ def externalize(full: bytes, serializer: ts.TosaSerializer, owned: Sequence[Wher
 
 
 def _sized_by_shape(tensor: Any) -> bool:
-    """Whether a flatbuffer tensor's data is exactly what its shape and dtype need."""
-    itemsize = _ITEMSIZE.get(tensor.Type())
-    return itemsize is not None and tensor.DataLength() == itemsize * int(np.prod(tensor.ShapeAsNumpy()
-                                                                                  if tensor.ShapeLength() else []))
+    """Whether a flatbuffer tensor's data is exactly what its shape and dtype need
+    (the runtime checks each external constant's size against them)."""
+    shape = [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+    return tensor.DataLength() == tensor_nbytes(shape, tensor.Type())
 
 
 @contextmanager

@@ -688,31 +688,30 @@ def validate(pte: str | Path, reference_io: str | Path | None = None,
     return result
 
 
-def _delegate_checks(wirings: list[DelegateWiring], target: Checked, recorded: bool) -> dict[int, DelegateCheck]:
-    """One check per delegate, with the reason it cannot be held to the reference model (if any).
-    `recorded`: the runner observes what each call really read, so a CPU-fed delegate is
-    compared too (else it sees only what the program hands it)."""
+def _delegate_checks(wirings: list[DelegateWiring], target: Checked, runner: _Runner) -> dict[int, DelegateCheck]:
+    """One check per delegate, held to the reference model as `runner` can be, with the
+    reason it cannot be (if any). A runner that records what each call really read
+    compares a CPU-fed delegate too; otherwise it sees only what the program hands it."""
     return {w.delegate: DelegateCheck(w.delegate, target.backend_id, [None] * w.outputs,
-                                      (None if recorded else w.reason) or (
+                                      (None if runner.records_calls else w.reason) or (
                                           None if target.delegates[w.delegate].tosa is not None
                                           else "its TOSA is not available" if target.target.tosa_beside
-                                          else f"a {target.backend_id} flatbuffer: no reference model runs it"))
+                                          else f"a {target.backend_id} flatbuffer: no reference model runs it"),
+                                      fp32_rtol=runner.fp32_rtol)
             for w in wirings}
 
 
-def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pte: str,
-                 fp32_rtol: float = 0.0) -> bool:
+def _check_calls(checks: dict[int, DelegateCheck], calls: list[DelegateCall], pte: str) -> bool:
     """Hold each recorded delegate call to the reference model (FP32 outputs within
-    `fp32_rtol` of their span); whether any ran."""
+    its check's `fp32_rtol` of their span); whether any ran."""
     ran = False
     for call in calls:
         check = checks[call.delegate]
         check.calls += 1
-        check.fp32_rtol = fp32_rtol
         if check.reason is not None:
             continue
         try:
-            diffs = compare_call(call, pte, fp32_rtol)
+            diffs = compare_call(call, pte, check.fp32_rtol)
         except ReferenceModelError as e:
             check.reason = str(e)
             continue
@@ -781,10 +780,12 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
             wirings: list[DelegateWiring], target: Checked, n_out: int) -> Validation:
     """Run every input set; hold each delegate call to the reference model, the
     planned FP32 program to eager, and each program output to its plan's criterion."""
-    checks = _delegate_checks(wirings, target, runner.records_calls)
+    checks = _delegate_checks(wirings, target, runner)
     # program output p is delegate output k of wiring w
     source = {p: (w.delegate, k) for w in wirings for p, k in enumerate(w.output_of) if k is not None}
-    if runner.fp32_rtol:  # (`DelegateCheck.deferred`)
+    # (`DelegateCheck.deferred`) only where there are ambiguous codes: without them a
+    # VGF's program output is held to the reference model like any other
+    if runner.fp32_rtol and any(c.ambiguous for c in cases):
         for d, k in source.values():
             checks[d].deferred = tuple(sorted({*checks[d].deferred, k}))
     reference = target.reference
@@ -799,7 +800,7 @@ def compare(pte: str, cases: list[InputSet], ref: ReferenceIO | None, runner: _R
     ran = False
     for case in cases:
         outs, calls = runner.run(case)
-        ran = _check_calls(checks, calls, pte, runner.fp32_rtol) or ran
+        ran = _check_calls(checks, calls, pte) or ran
         expected = expected_of(case)
         for p, out in enumerate(outs):
             o = result_outputs[p]
