@@ -84,11 +84,12 @@ def siglip(seed: int = 0, num_layers: int = 12) -> Example:
     return _seeded_tower(seed, lambda: SiglipVisionModel(config), "pixel_values", (1, 3, 512, 512))
 
 
-def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
+def smollm2(seed: int = 0, num_layers: int = 30, seq_len: int = 128) -> Example:
     """SmolLM2 text decoder of SmolVLM2-256M fed inputs_embeds (1, 128, 576).
 
     No embedding table and no LM head: the model starts at the embeddings and
-    ends at the final RMSNorm. num_layers is for tests on a shallower copy.
+    ends at the final RMSNorm. num_layers and seq_len (tokens; the paper's is
+    128) are for tests on a smaller copy.
     """
     model_libs.prepare()
     from transformers import LlamaConfig, LlamaModel
@@ -117,15 +118,17 @@ def smollm2(seed: int = 0, num_layers: int = 30) -> Example:
         inner.embed_tokens = None
         return inner
 
-    return _seeded_tower(seed, decoder, "inputs_embeds", (1, 128, 576))
+    return _seeded_tower(seed, decoder, "inputs_embeds", (1, seq_len, 576))
 
 
 # SmolLM2-135M's shape in executorch's own LLM model (examples/models/llama); the
 # static KV cache holds SMOLLM2_DECODE_CONTEXT positions.
 SMOLLM2_DECODE_CONTEXT = 128
+SMOLLM2_VOCAB = 49152
 
 
-def smollm2_decode(seed: int = 0, num_layers: int = 30, prompt_len: int = 5) -> Example:
+def smollm2_decode(seed: int = 0, num_layers: int = 30, prompt_len: int = 5,
+                   vocab_size: int = SMOLLM2_VOCAB) -> Example:
     """One decode step of SmolLM2-135M with a static KV cache of 128 positions, built as
     ExecuTorch builds its LLMs: executorch's ``construct_transformer(ModelArgs(...))``,
     called as ``model(tokens [1, 1] long, {"input_pos": pos [1] long})`` -> logits (1, 49152).
@@ -139,7 +142,8 @@ def smollm2_decode(seed: int = 0, num_layers: int = 30, prompt_len: int = 5) -> 
     computes the same for the same input however often it runs (calibration,
     reference outputs). The LM head holds a copy of the embedding table, as
     executorch's SmolLM2 checkpoint conversion ties them. num_layers is for tests on
-    a shallower copy.
+    a shallower copy, and vocab_size (SmolLM2's is 49,152) for one with a smaller
+    embedding table and LM head.
     """
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
@@ -153,7 +157,7 @@ def smollm2_decode(seed: int = 0, num_layers: int = 30, prompt_len: int = 5) -> 
         n_kv_heads=3,
         head_dim=64,
         hidden_dim=1536,
-        vocab_size=49152,
+        vocab_size=vocab_size,
         norm_eps=1e-5,
         max_seq_len=SMOLLM2_DECODE_CONTEXT,
         max_context_len=SMOLLM2_DECODE_CONTEXT,
