@@ -27,9 +27,6 @@ Rewrites (each returns how many places it changed):
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -37,6 +34,8 @@ from typing import Any
 import numpy as np
 import tosa_serializer as ts
 
+from codec_tosa.serialization.tosa_copy import attribute_fields as _attribute_fields
+from codec_tosa.serialization.tosa_copy import loaded
 from codec_tosa.validation.rescale import multiplier_and_shift
 
 _NUMPY = {ts.DType.INT8: np.int8, ts.DType.INT16: np.int16, ts.DType.INT32: np.int32,
@@ -152,21 +151,6 @@ def _toposort(ops: list[Op], available: set[str]) -> list[Op]:
     return out
 
 
-_FIELDS: dict[str, list[str]] = {}
-
-
-def _attribute_fields(method: str) -> list[str]:
-    """Argument names of TosaSerializerAttribute.<method>, in order (from its signature
-    docstring: the serializer's attribute builders are generated and take positional
-    arguments named after the flatbuffer fields, which `load` reads back by name)."""
-    if method not in _FIELDS:
-        doc = getattr(ts.TosaSerializerAttribute, method).__doc__ or ""
-        found = re.search(r"\((.*?)\)\s*->", doc)
-        assert found, f"no signature for {method}"
-        _FIELDS[method] = [p.split(":")[0].strip() for p in found.group(1).split(",")[1:] if p.strip()]
-    return _FIELDS[method]
-
-
 def _constant(t: Any) -> np.ndarray | None:
     if t.data is None or len(t.data) == 0:
         return None
@@ -177,14 +161,8 @@ def _constant(t: Any) -> np.ndarray | None:
 
 def load(buf: bytes) -> Graph:
     """The single-block flatbuffer `buf` as an editable Graph."""
-    fd, path = tempfile.mkstemp(suffix=".tosa")
-    try:
-        os.write(fd, buf)
-        os.close(fd)
-        ser = ts.TosaSerializer()
-        assert ser.loadTosaFlatbuffer(path), "tosa_serializer could not read the flatbuffer"
-    finally:
-        os.unlink(path)
+    with loaded(buf) as ser:
+        pass  # the serializer holds the graph once loaded
     assert len(ser.regions) == 1 and len(ser.regions[0].basicBlocks) == 1
     block = ser.regions[0].basicBlocks[0]
     tensors = {}

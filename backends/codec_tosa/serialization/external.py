@@ -43,9 +43,7 @@ equal entries under different tags and would drop the second file's copy
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
-import tempfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,8 +53,8 @@ import numpy as np
 import tosa_serializer as ts
 from tosa.TosaGraph import TosaGraph
 
-from codec_tosa.quiet import quiet
-from codec_tosa.serialization.tosa_stats import tensor_nbytes, tosa_version
+from codec_tosa.serialization.tosa_copy import NotCopyable, loaded
+from codec_tosa.serialization.tosa_stats import tensor_nbytes
 
 MAGIC = b"CTW1"
 KEY_PREFIX = "codec_tosa:"
@@ -218,20 +216,12 @@ def _sized_by_shape(tensor: Any) -> bool:
 
 @contextmanager
 def _loaded(flatbuffer: bytes) -> Iterator[ts.TosaSerializer]:
-    """A serializer holding `flatbuffer` (its loader takes a path), at the graph's own version."""
-    fd, path = tempfile.mkstemp(suffix=".tosa")
+    """`tosa_copy.loaded`, its refusal said as this module's."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(flatbuffer)
-        major, minor, patch, draft = tosa_version(flatbuffer)
-        serializer = ts.TosaSerializer("", targetMajor=major, targetMinor=minor, targetPatch=patch,
-                                       targetDraft=draft)
-        with quiet():  # the serializer notes its own newer version
-            if not serializer.loadTosaFlatbuffer(path):
-                raise ExternalWeightsError("the skeleton of an external-weights payload is not a TOSA flatbuffer")
-        yield serializer
-    finally:
-        os.unlink(path)
+        with loaded(flatbuffer) as serializer:
+            yield serializer
+    except NotCopyable:
+        raise ExternalWeightsError("the skeleton of an external-weights payload is not a TOSA flatbuffer") from None
 
 
 Lookup = Callable[[str], "bytes | memoryview | None"]

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+import numpy as np
 from tosa.DType import DType
 from tosa.Op import Op
 from tosa.TosaGraph import TosaGraph
@@ -295,6 +296,18 @@ def blocks(buf: bytes) -> Iterator[tuple[dict[str, TensorInfo], list[OperatorInf
     for region, block_name, block in _walk(_graph(buf)):
         block_tensors = _block_tensors(block)
         yield block_tensors, list(_operators(region, block_name, block, block_tensors))
+
+
+def stored_bytes(buf: bytes) -> dict[str, np.ndarray]:
+    """The bytes each tensor of the first block stores (uint8, read in place: the
+    serializer's own reader copies them into a Python list at every read)."""
+    _, _, block = next(_walk(_graph(buf)))
+    out: dict[str, np.ndarray] = {}
+    for i in range(block.TensorsLength()):
+        t = block.Tensors(i)
+        if t.DataLength():
+            out[_decode(t.Name())] = t.DataAsNumpy()
+    return out
 
 
 def tensors(buf: bytes) -> dict[str, TensorInfo]:

@@ -21,6 +21,10 @@ this simulation at 0 steps. An ambiguous encode that matches no exposed
 rounding (an encode Arm lowers itself, a layout not recognised) is counted as
 unresolved and the input set keeps its incomplete envelope.
 
+Those runs take the graph with its INT8 convolutions as MATMUL (`faster_program`,
+`matmul_convolutions`): the same outputs bit for bit, a fifth of the time on a
+transformer, whose Linears Arm lowers to 1x1 convolutions.
+
 Only a TOSA delegate is asked: it is what the runtime runs (the C++ backend
 runs the same reference model). A VGF runs on another implementation, which
 may round an ambiguous code the other way, so it keeps the envelope.
@@ -28,21 +32,20 @@ may round an ambiguous code the other way, so it keeps the envelope.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-import tosa_serializer as ts
 
-from codec_tosa.quiet import quiet
 from codec_tosa.runtime import BACKEND_ID
 from codec_tosa.runtime.executorch_runner import NUMPY_DTYPES, PteRunError, run_pte_recorded
-from codec_tosa.runtime.pte import PteError, ProgramFiles, delegates, input_derived_values, inspect_pte
+from codec_tosa.runtime.pte import (PteError, ProgramFiles, delegates, input_derived_values, inspect_pte,
+                                    with_delegates_replaced)
 from codec_tosa.serialization import external
-from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors, tosa_version
+from codec_tosa.serialization.tosa_copy import NotCopyable, loaded
+from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors
+from codec_tosa.validation.matmul_convolutions import faster, has_candidates
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
@@ -78,25 +81,39 @@ def rounding_names(payload: bytes) -> list[str]:
 
 def exposing(payload: bytes, names: Sequence[str]) -> bytes:
     """A copy of a TOSA graph whose main block also outputs the tensors `names`
-    (the reference model returns them after the graph's own outputs)."""
-    fd, path = tempfile.mkstemp(suffix=".tosa")
+    (the reference model returns them after the graph's own outputs), its integer
+    convolutions run as MATMUL (`matmul_convolutions`: the same outputs, faster)."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        # written back at the graph's own version, as Arm wrote it
-        major, minor, patch, draft = tosa_version(payload)
-        serializer = ts.TosaSerializer("", targetMajor=major, targetMinor=minor, targetPatch=patch,
-                                       targetDraft=draft)
-        with quiet():  # the serializer notes its own newer version: our probe, not the user's concern
-            loaded = serializer.loadTosaFlatbuffer(path)
-        if not loaded:
-            raise ValueError("the TOSA serializer cannot read the delegate's flatbuffer")
+        return faster(payload, names)
+    except NotCopyable:  # several blocks: the outputs added to the graph as loaded
+        pass
+    with loaded(payload) as serializer:
         block = serializer.regions[0].basicBlocks[0]
         for name in names:
             block.addOutput(name)
         return bytes(serializer.serialize())
-    finally:
-        os.unlink(path)
+
+
+def faster_program(program: ProgramFiles) -> ProgramFiles:
+    """`program` with each CodecTosaBackend delegate of its first method whose
+    graph `matmul_convolutions` speeds up replaced by that copy, its weights
+    inline (the reference stage runs it; validate runs `program` itself).
+    `program` itself where there is nothing to replace or a delegate cannot be
+    read (its own run reports that)."""
+    try:
+        first = inspect_pte(program.pte).method
+        replaced: dict[int, tuple[str, bytes]] = {}
+        for d in delegates(program.pte):
+            if d.method != first or d.backend_id != BACKEND_ID:
+                continue
+            whole = external.complete(d.payload, None if program.ptd is None else program.ptd.get)
+            if has_candidates(whole):
+                replaced[d.index] = (BACKEND_ID, faster(whole))
+        if not replaced:
+            return program
+        return ProgramFiles(with_delegates_replaced(program.pte, replaced), program.ptd)
+    except (PteError, external.ExternalWeightsError, NotCopyable):
+        return program
 
 
 def artefact_roundings(pte: ProgramFiles | bytes | ArtefactRuns, inputs: Sequence[torch.Tensor]) -> list[_Rounding]:
@@ -135,6 +152,8 @@ class ArtefactRuns:
 
     def __init__(self, program: ProgramFiles | bytes) -> None:
         self.program = program if isinstance(program, ProgramFiles) else ProgramFiles(bytes(program))
+        # what is run: the same program, its convolutions as MATMUL (`faster_program`)
+        self._run = faster_program(self.program)
         # each delegate's exposed copy, its rounding names and its output count, by payload
         self._exposed: dict[bytes, tuple[bytes, list[str], int]] = {}
         self._direct: _Direct | None = None
@@ -146,12 +165,12 @@ class ArtefactRuns:
         on `inputs` (the program's flat inputs)."""
         calls = self._direct_calls(inputs)
         if calls is None:
-            _, recorded = run_pte_recorded(self.program, list(inputs))
+            _, recorded = run_pte_recorded(self._run, list(inputs))
             self.recorded_runs += 1
             calls = [(c.payload, c.inputs, c.delegate_index) for c in recorded]
             if not self._looked:
                 self._looked = True
-                self._direct = _direct_of(self.program.pte, recorded)
+                self._direct = _direct_of(self._run.pte, recorded)
         out: list[_Rounding] = []
         for call_payload, call_inputs, index in calls:
             if call_payload not in self._exposed:
@@ -300,4 +319,4 @@ def _codes_like(values: np.ndarray, shape: torch.Size, zero_point: int, qmin: in
     return torch.clamp(v.reshape(-1) + zero_point, qmin, qmax)
 
 
-__all__ = ["ArtefactRounding", "ArtefactRuns", "artefact_roundings", "askable", "exposing", "rounding_names"]
+__all__ = ["ArtefactRounding", "ArtefactRuns", "artefact_roundings", "askable", "exposing", "faster_program", "rounding_names"]
