@@ -71,9 +71,13 @@ def test_an_int16_rounding_gets_the_zero_point_and_a_channels_last_one_is_transp
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> CompileResult:
+    """The transformer compiled at W as a user compiles it, with no ambiguous code
+    flipped alone (MAX_FLIPS 0: the artefact decides every one; the .pte is the same)."""
     d = tmp_path_factory.mktemp("artefact_rounding")
     (d / "model.py").write_text(TRANSFORMER_MODEL_FILE)
-    return compile_model(f"{d / 'model.py'}:build", CodecSpec(policy="W"), d / "W", progress=False, samples=4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulation, "MAX_FLIPS", 0)
+        return compile_model(f"{d / 'model.py'}:build", CodecSpec(policy="W"), d / "W", progress=False, samples=4)
 
 
 def _example() -> tuple[torch.Tensor, ...]:
@@ -144,13 +148,10 @@ def test_a_rounding_off_where_it_is_not_ambiguous_decides_nothing(compiled) -> N
     assert not env.complete and env.artefact_flipped is None and node in wrong.unresolved
 
 
-def test_compile_lets_the_artefact_decide_and_validate_says_so(tmp_path, monkeypatch) -> None:
+def test_compile_lets_the_artefact_decide_and_validate_says_so(compiled) -> None:
     """Through compile and validate, as a user runs them, on a model with more
     ambiguous codes per input set than are flipped alone (here: any)."""
-    monkeypatch.setattr(simulation, "MAX_FLIPS", 0)
-    (tmp_path / "model.py").write_text(TRANSFORMER_MODEL_FILE)
-    out = compile_model(f"{tmp_path / 'model.py'}:build", CodecSpec(policy="W"), tmp_path / "W",
-                        progress=False, samples=4).out_dir
+    out = compiled.out_dir
     io = np.load(out / "reference_io.npz")
     report = json.loads((out / "report.json").read_text())["ambiguous_codes"]
     decided = int((io["artefact_flipped"] >= 0).sum())

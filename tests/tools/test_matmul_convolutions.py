@@ -19,7 +19,8 @@ from codec_tosa.serialization.tosa_stats import entry_io_tensors, iter_operators
 from codec_tosa.spec import CodecSpec
 from codec_tosa.tools.compiler import lower_program
 from codec_tosa.validation.artefact_rounding import ArtefactRuns, faster_program, rounding_names
-from codec_tosa.validation.matmul_convolutions import faster
+from codec_tosa.validation import matmul_convolutions
+from codec_tosa.validation.matmul_convolutions import candidate_macs, faster
 from codec_tosa.validation.reference_model import run_reference_model
 
 
@@ -87,11 +88,22 @@ def test_a_graph_without_an_integer_convolution_is_only_copied(lowered) -> None:
     assert faster(payload) == payload
 
 
-def test_the_reference_stage_runs_the_fast_copy_and_gets_the_artefacts_roundings() -> None:
+def test_a_small_program_is_run_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below WORTH_MACS of convolutions the copy would cost more than it saves."""
+    _, pte, payload = _program("W")
+    assert 0 < candidate_macs(payload) < matmul_convolutions.WORTH_MACS
+    assert faster_program(ProgramFiles(pte)).pte == pte
+    monkeypatch.setattr(matmul_convolutions, "WORTH_MACS", candidate_macs(payload))
+    assert faster_program(ProgramFiles(pte)).pte != pte
+
+
+def test_the_reference_stage_runs_the_fast_copy_and_gets_the_artefacts_roundings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """ArtefactRuns records and asks the MATMUL copy; its roundings are, name for
     name and bit for bit, those of the artefact as written run on the inputs the
     runtime recorded for the real program (at W: the GELU's encode rounds)."""
     _, pte, payload = _program("W")
+    monkeypatch.setattr(matmul_convolutions, "WORTH_MACS", 0)  # a small model: copied all the same
     fast = faster_program(ProgramFiles(pte))
     assert fast.pte != pte
     names = rounding_names(payload)

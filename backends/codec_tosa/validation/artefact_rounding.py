@@ -45,7 +45,8 @@ from codec_tosa.runtime.pte import (PteError, ProgramFiles, delegates, input_der
 from codec_tosa.serialization import external
 from codec_tosa.serialization.tosa_copy import NotCopyable, loaded
 from codec_tosa.serialization.tosa_stats import blocks, entry_io_tensors
-from codec_tosa.validation.matmul_convolutions import faster, has_candidates
+from codec_tosa.validation import matmul_convolutions
+from codec_tosa.validation.matmul_convolutions import candidate_macs, faster
 from codec_tosa.targets.base import Target
 from codec_tosa.validation.reference_model import ReferenceModelError, run_reference_model
 from codec_tosa.validation.rounding_ambiguity import AmbiguousCode
@@ -96,8 +97,8 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
 
 def faster_program(program: ProgramFiles) -> ProgramFiles:
     """`program` with each CodecTosaBackend delegate of its first method whose
-    graph `matmul_convolutions` speeds up replaced by that copy, its weights
-    inline (the reference stage runs it; validate runs `program` itself).
+    graph `matmul_convolutions` speeds up (by at least `WORTH_MACS` of convolutions)
+    replaced by that copy, its weights inline (the reference stage runs it; validate runs `program` itself).
     `program` itself where there is nothing to replace or a delegate cannot be
     read (its own run reports that)."""
     try:
@@ -107,7 +108,7 @@ def faster_program(program: ProgramFiles) -> ProgramFiles:
             if d.method != first or d.backend_id != BACKEND_ID:
                 continue
             whole = external.complete(d.payload, None if program.ptd is None else program.ptd.get)
-            if has_candidates(whole):
+            if candidate_macs(whole) >= matmul_convolutions.WORTH_MACS:
                 replaced[d.index] = (BACKEND_ID, faster(whole))
         if not replaced:
             return program
