@@ -96,11 +96,11 @@ def exposing(payload: bytes, names: Sequence[str]) -> bytes:
 
 
 def faster_program(program: ProgramFiles) -> ProgramFiles:
-    """`program` with each CodecTosaBackend delegate of its first method whose
-    graph `matmul_convolutions` speeds up (by at least `WORTH_MACS` of convolutions)
-    replaced by that copy, its weights inline (the reference stage runs it; validate runs `program` itself).
-    `program` itself where there is nothing to replace or a delegate cannot be
-    read (its own run reports that)."""
+    """`program` with each CodecTosaBackend delegate of its first method whose graph
+    holds at least `matmul_convolutions.WORTH_MACS` of INT8 convolutions replaced by
+    its `faster` copy, weights inline (the reference stage runs it; validate runs
+    `program` itself). `program` itself where there is nothing to replace or a
+    delegate cannot be read (its own run reports that)."""
     try:
         first = inspect_pte(program.pte).method
         replaced: dict[int, tuple[str, bytes]] = {}
@@ -320,4 +320,5 @@ def _codes_like(values: np.ndarray, shape: torch.Size, zero_point: int, qmin: in
     return torch.clamp(v.reshape(-1) + zero_point, qmin, qmax)
 
 
-__all__ = ["ArtefactRounding", "ArtefactRuns", "artefact_roundings", "askable", "exposing", "faster_program", "rounding_names"]
+__all__ = ["ArtefactRounding", "ArtefactRuns", "artefact_roundings", "askable", "exposing", "faster_program",
+           "rounding_names"]

@@ -12,8 +12,8 @@ plus the bias.
 stage (`artefact_rounding.ArtefactRuns`) to learn which way the artefact rounds
 its ambiguous codes; the artefact itself and every check validate makes of it
 run the graph as written. Integer products and sums are exact, so the copy's
-outputs are the original's bit for bit (tests/validation/test_matmul_convolutions.py,
-on the reference model and against eager); and a copy that differed could only
+outputs are the original's bit for bit (tests/tools/test_matmul_convolutions.py,
+on the reference model on held-out inputs); and a copy that differed could only
 make validate fail against the real artefact, never pass it.
 
 Only INT8 x INT8 -> INT32 convolutions are taken (an INT16 one accumulates in
@@ -91,7 +91,7 @@ def _as_matmul(writer: BlockWriter, op: Any) -> bool:
     return True
 
 
-# Below this many multiply-accumulates in the convolutions `faster` may rewrite, a
+# Below this many multiply-accumulates in a graph's INT8 convolutions, a
 # reference-model run saves less than writing the copy costs (about 3.5 ns a MAC saved
 # on SigLIP, against 0.1-0.3 s to write a small graph and its program again)
 WORTH_MACS = 50_000_000
