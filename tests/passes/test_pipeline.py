@@ -106,3 +106,58 @@ def test_an_integer_compile_runs_its_passes_in_the_declared_order() -> None:
     _in_declared_order(calls)
     assert calls[:2] == ["mean_to_avg_pool", "shape_reads_to_full"]
     assert "materialize_codecs" not in calls and "lower_codecs" not in calls
+
+
+def _depth(sources: Any) -> int:
+    """Levels of a `from_node` chain (0: none)."""
+    return 1 + max((_depth(s.from_node) for s in sources), default=0) if sources else 0
+
+
+def _deepest(graph_module: torch.fx.GraphModule) -> int:
+    return max((_depth(n.meta.get("from_node")) for n in graph_module.graph.nodes), default=0)
+
+
+def test_dropping_provenance_history_keeps_the_source_and_leaves_the_original_alone() -> None:
+    from torch.fx.traceback import NodeSource
+
+    from codec_tosa.arm.pipeline import drop_provenance_history
+
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    root = NodeSource(node, "export")
+    middle = NodeSource(node, "decompose")
+    middle.from_node = [root]
+    top = NodeSource(node, "arm")
+    top.from_node = [middle]
+    node.meta["from_node"] = [top]
+    drop_provenance_history(gm)
+    kept = node.meta["from_node"]
+    assert _depth(kept) == 1 and kept[0].name == node.name and kept[0].pass_name == "arm"
+    assert top.from_node == [middle] and _depth([top]) == 3  # shared objects are not mutated
+
+
+def test_arm_passes_run_without_provenance_history_and_the_bytes_do_not_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch deep-copies a node's whole `from_node` chain into each node a pass makes,
+    and the chain grows a level per pass that retraces; the pipeline drops it before
+    each of Arm's passes. Kept, it grows past that; dropped, the artefact is the same."""
+    from codec_tosa.arm import pipeline as arm_pipeline
+
+    model, x = small_models.attention()
+    program = torch.export.export(model, x)
+    deepest: list[int] = []
+    call = arm_pipeline._ArmPass.__call__
+
+    def watched(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        result = call(self, graph_module)
+        deepest.append(_deepest(getattr(result, "graph_module", graph_module)))
+        return result
+
+    monkeypatch.setattr(arm_pipeline._ArmPass, "__call__", watched)
+    dropped = lower_program(program, CodecSpec("W"), small_models.calibration(x)).pte
+    assert max(deepest) <= 3, max(deepest)  # the node it was made from, and at most its one-pass history
+    bounded, deepest[:] = max(deepest), []
+    monkeypatch.setattr(arm_pipeline, "drop_provenance_history", lambda gm: None)
+    kept = lower_program(program, CodecSpec("W"), small_models.calibration(x)).pte
+    assert max(deepest) > bounded + 2, (max(deepest), bounded)
+    assert dropped == kept

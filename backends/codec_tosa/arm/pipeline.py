@@ -20,6 +20,7 @@ private method it is listed, with its signature, in `arm_private`.
 
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from dataclasses import dataclass
@@ -300,9 +301,36 @@ SUBSTITUTES: dict[type, type] = {
 }
 
 
-class _ReportedPass:
-    """One of Arm's passes, reported to `progress.step` as it starts. Arm's pass manager
-    reads and sets a pass's `exported_program` (where it has one): forwarded."""
+def drop_provenance_history(graph_module: torch.fx.GraphModule) -> None:
+    """Keeps each node's `from_node` to the node it was made from, without that node's
+    own history. torch's Interpreter deep-copies a node's whole `from_node` chain into
+    every node a retracing pass makes, and the chain gains a level at each: over Arm's
+    passes that copying was a quarter of a one-layer SmolLM2's TOSA lowering at I.
+    Nothing reads the chain inside a delegate (its graph becomes TOSA); the program
+    outside keeps its own. Lists and NodeSources are replaced, never mutated: they
+    may be shared with the graph the partitioner cut this one from."""
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            sources = node.meta.get("from_node")
+            if sources and any(getattr(s, "from_node", None) for s in sources):
+                node.meta["from_node"] = [_without_history(s) for s in sources]
+
+
+def _without_history(source: Any) -> Any:
+    if not getattr(source, "from_node", None):
+        return source
+    flat = copy.copy(source)
+    flat.from_node = []
+    flat._dict = None  # NodeSource caches its to_dict(), history included
+    return flat
+
+
+class _ArmPass:
+    """One of Arm's passes, run on a graph whose provenance history is dropped first
+    (`drop_provenance_history`) and reported to `progress.step` as it starts. Arm's
+    pass manager reads and sets a pass's `exported_program` (where it has one): forwarded."""
 
     def __init__(self, inner: Any, index: int, total: int) -> None:
         self.__dict__["_inner"] = inner
@@ -316,7 +344,9 @@ class _ReportedPass:
         setattr(self._inner, name, value)
 
     def __call__(self, graph_module: torch.fx.GraphModule) -> Any:
-        progress.step(self._label)
+        if progress.stepping():
+            progress.step(self._label)
+        drop_provenance_history(graph_module)
         return self._inner(graph_module)
 
 
@@ -365,11 +395,9 @@ class CodecArmPassManager(ArmPassManager):
     def _transform(self, exported_program: ExportedProgram, graph_module: torch.fx.GraphModule
                    ) -> torch.fx.GraphModule:
         # the lowering's longest stage reports each of Arm's passes as it starts
-        # (`progress.step`), when someone listens
-        if not progress.stepping():
-            return super()._transform(exported_program, graph_module)
+        # (`progress.step`, when someone listens), each on a graph without provenance history
         passes = self.passes
-        self.passes = [_ReportedPass(p, i + 1, len(passes)) for i, p in enumerate(passes)]
+        self.passes = [_ArmPass(p, i + 1, len(passes)) for i, p in enumerate(passes)]
         try:
             return super()._transform(exported_program, graph_module)
         finally:
