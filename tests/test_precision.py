@@ -600,6 +600,7 @@ def test_an_undone_cut_leaves_the_bias_at_its_inputs_scale():
     _simulation_is_the_converted_module(converted, planned, x, seed=4, samples=3)
 
 
+@pytest.mark.slow  # three searches and two exact lowerings; the default run's conv_chain split keeps a pool's cut
 def test_an_undone_pool_cut_gives_the_pools_output_its_inputs_codes():
     """A pool's cut domain holds the pool's output too, which PT2E observes under a
     name of its own: undone, that port takes the codes of the domain the cut read
@@ -708,17 +709,22 @@ def test_compile_auto_through_the_cli_and_report(tmp_path, capsys):
     assert main(["report", str(out / "model.pte")]) == 0
     text = capsys.readouterr().out
     assert "activation precision (auto)" in text and "search: budget 41 dB" in text
-    assert main(["compile", model, "--policy", "I", "--weights", "auto", "--budget", "30dB",
-                 "--samples", "2", "-o", str(tmp_path / "w4")]) == 0
-    assert main(["report", str(tmp_path / "w4" / "model.pte")]) == 0
-    text = capsys.readouterr().out
-    assert "weight precision (auto)" in text and "weight of" in text
     assert main(["compile", model, "--policy", "W", "--precision", "int16", "-o", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--policy I" in err[0]
     assert main(["compile", model, "--policy", "I", "--split-chains", "-o", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs --precision auto" in err[0] and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow  # two more compiles with a search; the default run has the activations' through the CLI
+def test_compile_auto_weights_and_split_chains_through_the_cli_and_report(tmp_path, capsys):
+    model = f"{Path(small_models.__file__)}:mobile_block"
+    assert main(["compile", model, "--policy", "I", "--weights", "auto", "--budget", "30dB",
+                 "--samples", "2", "-o", str(tmp_path / "w4")]) == 0
+    assert main(["report", str(tmp_path / "w4" / "model.pte")]) == 0
+    text = capsys.readouterr().out
+    assert "weight precision (auto)" in text and "weight of" in text
     chain = f"{Path(small_models.__file__)}:conv_chain"
     assert main(["compile", chain, "--policy", "I", "--precision", "auto", "--split-chains", "--budget", "90dB",
                  "--samples", "2", "-o", str(tmp_path / "chain")]) == 0

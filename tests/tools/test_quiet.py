@@ -62,6 +62,7 @@ def test_compile_validate_report_print_no_third_party_noise(model: Path) -> None
     assert _noise(reported) == [] and reported.stderr == ""
 
 
+@pytest.mark.slow  # one more CLI compile in a fresh interpreter; the default run checks the filter itself
 def test_verbose_shows_the_noise(model: Path) -> None:
     out = model.parent / "verbose"
     compiled = _cli("--verbose", "compile", f"{model}:build", "--policy", "W", "-o", str(out))
