@@ -72,11 +72,6 @@ def cell_name(policy: str, placement: str) -> str:
     return policy if placement == COALESCE else f"{policy} {placement}"
 
 
-def one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {text}"[:300]
-
-
 # ---------------------------------------------------------------- one cell, in a child
 
 
@@ -88,7 +83,7 @@ def _by_target(rows: Any) -> dict[str, int]:
     return dict(sums.most_common())
 
 
-def modeled(module: Any, example: tuple, cells: Sequence[tuple[str, str]], breakdown: bool) -> dict[str, Any]:
+def modeled(module: Any, example: tuple, cells: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """`codec-tosa tables`' figures of `module` at each cell, under both accountings."""
     from codec_tosa.planning.accounting import ACCOUNTINGS, account
     from codec_tosa.planning.analysis import analyze
@@ -103,16 +98,17 @@ def modeled(module: Any, example: tuple, cells: Sequence[tuple[str, str]], break
             a = account(analyze(graph, policy=policy, placement=placement), ACCOUNTINGS[accounting])
             figures[f"{accounting}_traffic_bytes"] = a.traffic.traffic_bytes
             figures[f"{accounting}_codec_items"] = a.traffic.codec_items
-            if breakdown and (policy, placement) in BREAKDOWN_CELLS:
+            if (policy, placement) in BREAKDOWN_CELLS:
                 figures[f"{accounting}_by_target"] = _by_target(a.per_op)
         out[cell_name(policy, placement)] = figures
     return out
 
 
-def artefact(program: Any, calibration: list, policy: str, placement: str, breakdown: bool) -> dict[str, Any]:
+def artefact(program: Any, calibration: list, policy: str, placement: str) -> dict[str, Any]:
     """Lower at (policy, placement) and read the delegates' TOSA back."""
     from transformer_flows import delegate_tosa
 
+    from codec_tosa.planning.traffic import measure
     from codec_tosa.serialization.tosa_stats import tosa_stats
     from codec_tosa.spec import CodecSpec
     from codec_tosa.tools.compiler import lower_program
@@ -126,17 +122,15 @@ def artefact(program: Any, calibration: list, policy: str, placement: str, break
     row.update({"delegates": len(tosa), "tosa_ops": s.operators - s.const_ops - s.const_shape_ops,
                 "artefact_traffic_bytes": s.traffic_bytes, "artefact_fused_bytes": s.fused_traffic_bytes,
                 "weight_bytes": s.constant_bytes})
-    if lowered.planned is not None:
-        tr = lowered.planned.traffic()
+    per_operator = (policy, placement) in BREAKDOWN_CELLS
+    planned = lowered.planned
+    if planned is not None:  # `planned.traffic()`, with its per-operator rows
+        tr = measure(planned.graph, planned.placement.semantics, planned.placement.plan, planned.spec.fused_transcode)
         row["planned_traffic_bytes"] = tr.traffic_bytes
         row["planned_codec_items"] = tr.codec_items
-        if breakdown and (policy, placement) in BREAKDOWN_CELLS:
-            from codec_tosa.planning.traffic import measure
-
-            planned = lowered.planned  # `traffic()` leaves its per-operator rows out
-            row["planned_by_target"] = _by_target(measure(planned.graph, planned.placement.semantics,
-                                                          planned.placement.plan, planned.spec.fused_transcode).per_op)
-    if breakdown and (policy, placement) in BREAKDOWN_CELLS:
+        if per_operator:
+            row["planned_by_target"] = _by_target(tr.per_op)
+    if per_operator:
         row["artefact_by_op"] = dict(Counter(s.traffic_by_op).most_common())
         row["artefact_fused_by_op"] = dict(Counter(s.fused_traffic_by_op).most_common())
     return row
@@ -158,11 +152,11 @@ def child(spec: str, cell: str) -> dict[str, Any]:
     loaded = export_module(spec, built.eval(), example)
     module, example = loaded.module, tuple(loaded.inputs)
     if cell == "modeled":
-        return {"modeled": modeled(module, example, CELLS, breakdown=True)}
+        return {"modeled": modeled(module, example, CELLS)}
     policy, _, placement = cell.partition("/")
     calibration = [example] + random_calibration(example, CALIBRATION - 1)
-    row = artefact(loaded.program, calibration, policy, placement, breakdown=True)
-    row.update(modeled(module, example, [(policy, placement)], breakdown=True)[cell_name(policy, placement)])
+    row = artefact(loaded.program, calibration, policy, placement)
+    row.update(modeled(module, example, [(policy, placement)])[cell_name(policy, placement)])
     row["peak_rss_bytes"] = memory._status()["VmHWM"]
     return row
 
