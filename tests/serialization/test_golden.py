@@ -18,7 +18,7 @@ from small_models import conv_cat_reshape
 
 
 @pytest.mark.parametrize("model", ["conv_cat_reshape", "conv_bn_relu6", "depthwise", "linear_head",
-                                   "attention"])
+                                   "attention", "sdpa_attention"])
 def test_policy_z_without_pooling_is_stock_arm(model):
     m, x = getattr(small_models, model)()
     spec = CodecSpec(policy="Z", pool_constants=False)

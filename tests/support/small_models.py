@@ -87,6 +87,24 @@ class Attention(nn.Module):
         return self.out((scores @ v).transpose(1, 2).reshape(b, t, d))
 
 
+class SdpaAttention(Attention):
+    """`Attention` through ``scaled_dot_product_attention``, as transformers' "sdpa"
+    attention writes it, with an optional mask (a constant) or a causal one."""
+
+    def __init__(self, mask: torch.Tensor | None = None, causal: bool = False) -> None:
+        super().__init__()
+        self.mask, self.causal = mask, causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attend(x, self.mask)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
 def _with_statistics(model: nn.Module, seed: int) -> nn.Module:
     """Batch norms with random running statistics and affine parameters, so that a
     folding that differs from Arm's changes bytes (the defaults fold to identity)."""
@@ -118,6 +136,12 @@ def linear_head(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 def attention(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return Attention().eval(), (torch.randn(1, 6, 16),)
+
+
+def sdpa_attention(seed: int = 0, mask: torch.Tensor | None = None,
+                   causal: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(seed)
+    return SdpaAttention(mask, causal).eval(), (torch.randn(1, 6, 16),)
 class ConvRelu6Conv(nn.Module):
     """conv -> relu6 -> conv: policy V keeps the relu6 (CLAMP) on codes."""
 

@@ -42,8 +42,7 @@ class ZeroFullyMaskedRowsPass(CodecPass):
             out = node.meta.get("val")
             if not isinstance(mask, torch.Tensor) or not isinstance(out, torch.Tensor):
                 continue
-            attended = mask if mask.dtype == torch.bool else mask != -math.inf
-            keep = attended.any(dim=-1, keepdim=True).to(out.dtype)
+            keep = rows_attended(mask).to(out.dtype)
             if bool(keep.all()):
                 continue
             name = _free_name(gm, f"{node.name}_rows_kept")
@@ -57,6 +56,13 @@ class ZeroFullyMaskedRowsPass(CodecPass):
             node.replace_all_uses_with(product, delete_user_cb=lambda user: user is not product)
             count += 1
         return self.done(gm, count)
+
+
+def rows_attended(mask: torch.Tensor) -> torch.Tensor:
+    """True for each query row of an SDPA mask (bool: True attends; additive: -inf
+    masks) that attends at least one key, keeping the key axis as 1."""
+    attended = mask if mask.dtype == torch.bool else mask != -math.inf
+    return attended.any(dim=-1, keepdim=True)
 
 
 def _attribute(gm: torch.fx.GraphModule, target: str) -> object:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import tosa_serializer as ts
 from executorch.backends.arm.common.arm_compile_spec import ArmCompileSpec
 from executorch.backends.arm.common.debug import debug_tosa_dump
+from executorch.backends.arm.common.pipeline_config import ArmPassPipelineConfig, SDPASafeSoftmaxGuardPolicy
 from executorch.backends.arm.debug.schema import DebugHook
 from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner, VelaExternalBlockPlacements
 from executorch.backends.arm.quantizer import (
@@ -52,6 +53,15 @@ SerializerFactory = Callable[..., ts.TosaSerializer]
 def tosa_compile_spec(tosa_spec: str) -> TosaCompileSpec:
     """Arm's compile spec for a TOSA spec string such as ``TOSA-1.0+INT+FP``."""
     return TosaCompileSpec(tosa_spec)
+
+
+def remove_safe_softmax_guards(compile_spec: ArmCompileSpec) -> None:
+    """Tell Arm's pass pipeline to remove SDPA's safe-softmax guards (its
+    `RemoveSafeSoftmaxGuardPass`), for a program where none can fire
+    (`planning.safe_softmax`). The rest of the pipeline config is Arm's default,
+    which is every mixed-precision spec's (only U55, integer-only, differs)."""
+    compile_spec.set_pass_pipeline_config(
+        ArmPassPipelineConfig(sdpa_safe_softmax_guard=SDPASafeSoftmaxGuardPolicy.REMOVE))
 
 
 def compile_spec_from_list(compile_specs: Iterable[CompileSpec]) -> TosaCompileSpec:
@@ -227,7 +237,8 @@ def vgf_partitioner() -> Any:
     return VgfPartitioner(VgfCompileSpec())
 
 
-def vgf_compile_spec_entries(tosa_spec: str, intermediates: str | None = None) -> list[CompileSpec]:
+def vgf_compile_spec_entries(tosa_spec: str, intermediates: str | None = None,
+                             without_safe_softmax_guards: bool = False) -> list[CompileSpec]:
     """The compile-spec list Arm's VgfPartitioner would put in a delegate for `tosa_spec`.
 
     The VGF runtime ignores compile specs (the payload is self-describing);
@@ -236,4 +247,6 @@ def vgf_compile_spec_entries(tosa_spec: str, intermediates: str | None = None) -
     """
     spec = VgfCompileSpec(tosa_spec)
     spec.dump_intermediate_artifacts_to(intermediates)
+    if without_safe_softmax_guards:
+        remove_safe_softmax_guards(spec)
     return list(spec._to_list())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -18,6 +19,7 @@ from codec_tosa.graph import has_empty_tensor, target_key, user_input_nodes
 from codec_tosa.planning.calibration import random_calibration
 from codec_tosa.planning.program import PlannedProgram, plan_program
 from codec_tosa.planning.provenance import option_specs, provenance_specs
+from codec_tosa.planning.safe_softmax import guards_never_fire
 from codec_tosa.serialization import external
 from codec_tosa.spec import XNNPACK_TARGET, CodecSpec
 from codec_tosa.targets.tosa.backend import BACKEND_ID, lower_to_tosa
@@ -75,21 +77,32 @@ class CodecTosaPartitioner(Partitioner):
             arm_spec = arm_adapter.tosa_compile_spec(spec_.tosa_spec)
             arm_spec.dump_intermediate_artifacts_to(intermediates)
             self._arm = arm_adapter.stock_partitioner(arm_spec, additional_checks=checks)
+            self._arm_spec, self._intermediates = arm_spec, intermediates
             if spec_.target == "vgf":
                 VgfTarget().check_spec(spec_)
                 # ExecuTorch lowers a VgfBackend delegate with Arm's VgfBackend, whose
                 # TOSA step then runs ours for a program that carries our plan
                 arm_adapter.install_vgf_tosa_lowering(_lower_planned_tosa, str(_model_converter()))
-                self.delegation_spec = DelegationSpec(arm_adapter.VGF_BACKEND_ID,
-                                                      arm_adapter.vgf_compile_spec_entries(spec_.tosa_spec, intermediates))
-            else:
-                self.delegation_spec = DelegationSpec(
-                    BACKEND_ID, arm_adapter.arm_compile_spec_entries(arm_spec) + option_specs(spec_))
+            self.delegation_spec = self._mixed_delegation(without_safe_softmax_guards=False)
         arm_adapter.install_payload_journal()  # codec_tosa.save finds the TOSA behind a VGF/Ethos-U payload
         self._real_state: dict[str, torch.Tensor] = {}
         # what `partition` planned (the compiler and the simulation read it); None at
         # an integer-only spec, whose plan is CodecQuantizer's
         self.planned: PlannedProgram | None = None
+        # whether the program's SDPA safe-softmax guards can never fire (set per program
+        # by transform_for_pre_decomposition, which sees the attentions whole)
+        self.safe_softmax_guards_removed = False
+
+    def _mixed_delegation(self, without_safe_softmax_guards: bool) -> DelegationSpec:
+        """The delegate at a mixed policy: ours (TOSA) or Arm's VgfBackend running our lowering."""
+        spec = self.codec_spec
+        if spec.target == "vgf":
+            return DelegationSpec(arm_adapter.VGF_BACKEND_ID, arm_adapter.vgf_compile_spec_entries(
+                spec.tosa_spec, self._intermediates, without_safe_softmax_guards))
+        delegate_spec = copy.copy(self._arm_spec)  # Arm's partitioner keeps the original
+        if without_safe_softmax_guards:
+            arm_adapter.remove_safe_softmax_guards(delegate_spec)
+        return DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(delegate_spec) + option_specs(spec))
 
     # Arm's hooks, so that to_edge_transform_and_lower prepares the graph as for Arm.
     # They are also the only places that see the real weights: ExecuTorch hands
@@ -104,6 +117,8 @@ class CodecTosaPartitioner(Partitioner):
             # analysis folds it); the reference policy has no plan, so Arm
             # lowers its batch norms itself and the bytes are stock
             FoldBatchNormPass(out)(out.graph_module)
+        # the attentions are still whole here; the reference policy keeps stock's guards
+        self.safe_softmax_guards_removed = not self.codec_spec.reference and guards_never_fire(out)
         self._real_state.update(out.state_dict)
         return out
 
@@ -122,9 +137,9 @@ class CodecTosaPartitioner(Partitioner):
         # operators left on the CPU run FP32, so partition boundaries are plain
         delegated = {n.name for n in ep.graph.nodes if DELEGATION_TAG in n.meta}
         self.planned = plan_program(ep, self.codec_spec, self._calibration(ep), self._real_state, delegated)
-        specs = (list(self.delegation_spec.compile_specs)
-                 + provenance_specs(self.codec_spec, self.planned.to_json()))
-        delegation = DelegationSpec(self.delegation_spec.backend_id, specs)
+        delegate = self._mixed_delegation(self.safe_softmax_guards_removed)
+        specs = list(delegate.compile_specs) + provenance_specs(self.codec_spec, self.planned.to_json())
+        delegation = DelegationSpec(delegate.backend_id, specs)
         return PartitionResult(tagged_exported_program=ep, partition_tags={tag: delegation for tag in tags})
 
     def _partition_quantized(self, exported_program: ExportedProgram) -> PartitionResult:
