@@ -4,6 +4,7 @@ removed at the mixed policies, with no output bit changed; otherwise it stays.""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -84,25 +85,15 @@ def test_a_computed_mask_is_computed_as_eager_computes_it() -> None:
     assert constant_value(ep, x) is None
 
 
-def _lowered(model: torch.nn.Module, policy: str, keep_guards: bool = False,
-             monkeypatch: pytest.MonkeyPatch | None = None) -> bytes:
+def _lowered(model: torch.nn.Module, policy: str) -> bytes:
     gen = torch.Generator().manual_seed(1)
     calibration = [(torch.randn(1, T, 16, generator=gen),) for _ in range(16)]
-    if keep_guards:
-        assert monkeypatch is not None
-        monkeypatch.setattr(partitioner_module, "guards_never_fire", lambda ep: False)
-    pte = lower_program(torch.export.export(model, calibration[0]), CodecSpec(policy=policy), calibration).pte
-    if monkeypatch is not None:
-        monkeypatch.undo()
-    return pte
+    return lower_program(torch.export.export(model, calibration[0]), CodecSpec(policy=policy), calibration).pte
 
 
 def _guard_ops(pte: bytes) -> tuple[int, int]:
-    counts: dict[str, int] = {}
-    for d in delegates(pte):
-        for op, n in tosa_stats(d.payload).operators_by_type.items():
-            counts[op] = counts.get(op, 0) + n
-    return counts.get("EQUAL", 0), counts.get("SELECT", 0)
+    counts: Counter[str] = sum((Counter(tosa_stats(d.payload).operators_by_type) for d in delegates(pte)), Counter())
+    return counts["EQUAL"], counts["SELECT"]
 
 
 def _pipeline_guard_policies(pte: bytes) -> list[SDPASafeSoftmaxGuardPolicy]:
@@ -114,7 +105,9 @@ def _pipeline_guard_policies(pte: bytes) -> list[SDPASafeSoftmaxGuardPolicy]:
 def test_removed_guards_change_no_output_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     model, _ = small_models.sdpa_attention()
     removed = _lowered(model, "W")
-    kept = _lowered(model, "W", keep_guards=True, monkeypatch=monkeypatch)
+    with monkeypatch.context() as m:  # the same lowering with the proof withheld
+        m.setattr(partitioner_module, "guards_never_fire", lambda ep: False)
+        kept = _lowered(model, "W")
     assert _guard_ops(kept) == (1, 1) and _guard_ops(removed) == (0, 0)
     assert _pipeline_guard_policies(removed) == [SDPASafeSoftmaxGuardPolicy.REMOVE]
     gen = torch.Generator().manual_seed(7)
@@ -122,7 +115,7 @@ def test_removed_guards_change_no_output_bit(monkeypatch: pytest.MonkeyPatch) ->
         x = torch.randn(1, T, 16, generator=gen)
         (a,), (b,) = run_pte(removed, [x]), run_pte(kept, [x])
         assert torch.equal(a, b)
-        assert sqnr_db(model(x).detach().numpy(), a.numpy()) > 15.0  # INT8 codes: near eager, not equal
+        assert sqnr_db(model(x).detach().numpy(), a.numpy()) > 30.0  # INT8 codes: near eager (35-39 dB here), not equal
 
 
 def test_a_fully_masked_row_keeps_the_guard_and_eagers_zeros() -> None:
@@ -136,7 +129,7 @@ def test_a_fully_masked_row_keeps_the_guard_and_eagers_zeros() -> None:
     assert torch.isfinite(got).all()
     # the masked row's attention is 0, so its output is the projection's bias
     torch.testing.assert_close(eager[0, 2], model.out.bias)
-    assert sqnr_db(eager[0, 2].detach().numpy(), got[0, 2].numpy()) > 15.0
+    assert sqnr_db(eager[0, 2].detach().numpy(), got[0, 2].numpy()) > 30.0
 
 
 def test_the_reference_policy_keeps_stocks_guards() -> None:

@@ -142,6 +142,8 @@ def sdpa_attention(seed: int = 0, mask: torch.Tensor | None = None,
                    causal: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(seed)
     return SdpaAttention(mask, causal).eval(), (torch.randn(1, 6, 16),)
+
+
 class ConvRelu6Conv(nn.Module):
     """conv -> relu6 -> conv: policy V keeps the relu6 (CLAMP) on codes."""
 

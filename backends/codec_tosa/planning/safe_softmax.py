@@ -1,4 +1,4 @@
-"""Whether a program's SDPA safe-softmax guards can ever fire (docs/DESIGN.md, "Attention").
+"""Whether a program's SDPA safe-softmax guards can ever fire (docs/DESIGN.md, "Arm integration").
 
 ExecuTorch's edge decomposition of ``scaled_dot_product_attention`` gives its
 softmax torch's guard for query rows whose every score is -inf: an EQUAL

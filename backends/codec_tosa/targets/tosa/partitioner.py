@@ -99,8 +99,9 @@ class CodecTosaPartitioner(Partitioner):
         if spec.target == "vgf":
             return DelegationSpec(arm_adapter.VGF_BACKEND_ID, arm_adapter.vgf_compile_spec_entries(
                 spec.tosa_spec, self._intermediates, without_safe_softmax_guards))
-        delegate_spec = copy.copy(self._arm_spec)  # Arm's partitioner keeps the original
+        delegate_spec = self._arm_spec
         if without_safe_softmax_guards:
+            delegate_spec = copy.copy(delegate_spec)  # Arm's partitioner keeps the original
             arm_adapter.remove_safe_softmax_guards(delegate_spec)
         return DelegationSpec(BACKEND_ID, arm_adapter.arm_compile_spec_entries(delegate_spec) + option_specs(spec))
 
