@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-slow test-all demo fuzz peer clean
+.PHONY: setup test test-slow test-all tiers demo fuzz peer clean
 
 # Debian packages: the VGF target's (lavapipe and the Vulkan loader), zlib's headers
 # for the C++ runtime backend (external weights' deflated skeletons)
@@ -31,10 +31,17 @@ setup: $(STAMP)
 # both cores, one torch thread each; idle workers steal queued tests (a few files
 # hold most of the time); the 15 slowest are listed at the end. `make test` leaves
 # out the tests marked slow (big models, the full retrain, the fuzz grid's
-# non-default placements); `make test-slow` runs those, `make test-all` both (CI)
+# non-default placements, and those tests/slow_tests.txt lists as measured dear);
+# `make test-slow` runs those, `make test-all` both; CI runs test, then test-slow
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 test: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# regenerate tests/slow_tests.txt from a timed run of the default tier (run it again
+# until it adds nothing: tests/support/slow_tests.py)
+tiers: $(STAMP)
+	$(PYTEST) -m "not slow" --junitxml=.tiers.xml -p no:warnings || true
+	$(PY) tests/support/slow_tests.py .tiers.xml && rm -f .tiers.xml
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow
