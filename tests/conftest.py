@@ -52,17 +52,13 @@ def lowered() -> Callable[..., Any]:
 # marked slow here, as PyTorch's CI marks its measured slow tests. `make test-slow`
 # and CI run them. A listed test that no longer exists fails the collection, so the
 # list cannot drift silently.
-SLOW_LIST = Path(__file__).parent / "slow_tests.txt"
-
-
-def listed_slow_tests() -> set[str]:
-    lines = (line.split("#", 1)[0].strip() for line in SLOW_LIST.read_text().splitlines())
-    return {line for line in lines if line}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    listed = listed_slow_tests()
+    from slow_tests import LIST, read_list  # tests/support, on the path above
+
+    listed = set(read_list())
     collected = {item.nodeid for item in items}
     for item in items:
         if item.nodeid in listed:
@@ -70,6 +66,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     whole_suite = [str(Path(a)) for a in config.args] in ([], ["tests"]) and not config.option.keyword
     stale = sorted(listed - collected)
     if whole_suite and stale:
-        raise pytest.UsageError(f"{SLOW_LIST.name} lists tests that no longer exist: {', '.join(stale[:3])}"
+        raise pytest.UsageError(f"{LIST.name} lists tests that no longer exist: {', '.join(stale[:3])}"
                                 + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
                                 + " (remove them from the list)")
